@@ -1,0 +1,155 @@
+"""The agent: a sampler, the instruments that read it, and (optionally) the detection engine.
+
+``otel-gpu run`` / ``watch`` / ``demo`` build one directly. Auto-instrumented processes call
+:func:`start_in_process`, which starts one only in the process that wins the node lock, so a
+torchrun job with eight ranks still has exactly one sampler per node.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Iterable
+from typing import IO, Any
+
+from opentelemetry.metrics import MeterProvider
+
+from otel_gpu import metrics
+from otel_gpu.config import Settings
+from otel_gpu.sampling.sampler import Sampler
+from otel_gpu.sampling.source import DeviceSource
+
+log = logging.getLogger("otel_gpu.agent")
+
+_LOCK_NAME = "otel-gpu-node-{uid}.lock"
+
+
+def make_source(settings: Settings, visible_devices: str | None = None) -> DeviceSource:
+    """The simulated GPU when asked for, else real NVML (which degrades to "no GPU" mode)."""
+    if settings.simulate:
+        from otel_gpu.sampling.sim import SimulatedSource
+
+        return SimulatedSource(settings.simulate)
+    from otel_gpu.sampling.nvml import NvmlSource
+
+    return NvmlSource(
+        call_timeout_s=settings.nvml_timeout_s,
+        library_path=settings.nvml_library,
+        visible_devices=visible_devices,
+    )
+
+
+class Agent:
+    """Samples GPUs and the watched process tree, exports instruments, runs detection."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        meter_provider: MeterProvider | None = None,
+        roots: Iterable[int] = (),
+        source: DeviceSource | None = None,
+        visible_devices: str | None = None,
+        in_process: bool = False,
+    ) -> None:
+        from otel_gpu.sampling.procs import ProcessTree
+
+        self.settings = settings
+        self.source = source if source is not None else make_source(settings, visible_devices)
+        self.tree = ProcessTree(
+            roots, proc_root=settings.proc_root, max_processes=settings.max_processes
+        )
+        self.sampler = Sampler(self.source, self.tree, interval_s=settings.interval_s)
+        self.instruments: list[Any] = []
+        if meter_provider is not None:
+            meter = meter_provider.get_meter("otel_gpu", _version())
+            self.instruments = metrics.register(meter, lambda: self.sampler.latest)
+        self.watchdog: Any = None
+        if settings.detect:
+            from otel_gpu.watchdog import Watchdog
+
+            self.watchdog = Watchdog.from_env(self.tree, in_process=in_process)
+            self.sampler.add_listener(self.watchdog.on_snapshot)
+            if meter_provider is not None:
+                self.watchdog.register_instruments(meter_provider.get_meter("otel_gpu", _version()))
+
+    def start(self) -> Agent:
+        self.sampler.start()
+        return self
+
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        timeout = self.settings.shutdown_timeout_s if timeout_s is None else timeout_s
+        self.sampler.stop(timeout)
+        if self.watchdog is not None:
+            self.watchdog.close(timeout)
+
+
+def _version() -> str:
+    from otel_gpu import __version__
+
+    return __version__
+
+
+# -- node ownership ---------------------------------------------------------------------------
+
+_node_lock: IO[str] | None = None
+
+
+def acquire_node_lock(lock_dir: str | None = None) -> bool:
+    """Take the per-node (per-user, per-temp-dir) lock; True if this process now owns the node.
+
+    The lock is an ``flock`` on a file, released by the kernel when the process exits, so a
+    crashed owner never blocks the next one.
+    """
+    import fcntl
+
+    global _node_lock
+    if _node_lock is not None:
+        return True
+    path = os.path.join(lock_dir or tempfile.gettempdir(), _LOCK_NAME.format(uid=os.getuid()))
+    try:
+        handle = open(path, "a+")  # noqa: SIM115 - held for the life of the process
+    except OSError as exc:
+        log.warning("cannot open the node lock %s (%s); not sampling in this process", path, exc)
+        return False
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return False
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    _node_lock = handle
+    return True
+
+
+def start_in_process(
+    meter_provider: MeterProvider,
+    settings: Settings | None = None,
+    roots: Iterable[int] | None = None,
+) -> Agent | None:
+    """Start the node agent here if this process wins the node lock; never raises.
+
+    Watches the tree under ``roots`` (default: this process, so its DataLoader workers and
+    spawned ranks; a torchrun rank passes its parent, torchrun's agent, to cover its sibling
+    ranks) and the GPUs named by ``CUDA_VISIBLE_DEVICES``. The engine runs in-process, so a
+    stop action asks the trainer's graceful checkpoint-and-stop first.
+    """
+    try:
+        settings = settings or Settings.load()
+        if not acquire_node_lock(settings.lock_dir):
+            return None
+        agent = Agent(
+            settings,
+            meter_provider=meter_provider,
+            roots=list(roots) if roots is not None else [os.getpid()],
+            visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+            in_process=True,
+        )
+        return agent.start()
+    except Exception as exc:  # the job must never be harmed by the agent failing
+        log.warning("otel-gpu agent not started: %s", exc)
+        return None

@@ -1,0 +1,1 @@
+"""``otel-gpu`` subcommands, one module each."""

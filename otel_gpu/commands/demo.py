@@ -1,0 +1,191 @@
+"""``otel-gpu demo``: the whole product in under a minute, with no GPU and no collector.
+
+A training-like child process runs on a simulated GPU whose memory leaks. The real agent
+(sampler, instruments, detection engine, breaker, actions) watches it; a webhook receiver on
+127.0.0.1 stands in for Slack. The simulation runs 120x faster than the wall clock, so the
+minute shows two hours of a job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.resources import Resource
+
+from otel_gpu.config import Settings
+
+GIB = 1024**3
+# A training-like loop: a little CPU work per "step", forever (the demo ends it).
+WORKLOAD = (
+    "import time\n"
+    "step = 0\n"
+    "while True:\n"
+    "    sum(i * i for i in range(20000))\n"
+    "    step += 1\n"
+    "    time.sleep(0.05)\n"
+)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "demo",
+        help="watch a training-like job on a simulated leaking GPU (no GPU needed)",
+        description="Runs a training-like process on a simulated GPU that leaks memory, watched "
+        "by the real agent: live status, the leak detection, the circuit breaker opening and "
+        "the webhook notification (to a receiver on 127.0.0.1). Finishes in under a minute.",
+    )
+    parser.add_argument(
+        "--scenario",
+        choices=("leak", "stall", "steady"),
+        default="leak",
+        help="what the simulated GPU does (default: leak)",
+    )
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=50.0,
+        help="stop after this many seconds even without an alert (default 50)",
+    )
+    parser.set_defaults(func=demo)
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    received: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        with contextlib.suppress(ValueError):
+            self.received.append(json.loads(body))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        return
+
+
+def demo(args: argparse.Namespace) -> int:
+    from otel_gpu.actions.dispatcher import ActionDispatcher
+    from otel_gpu.actions.notifiers import JsonNotifier
+    from otel_gpu.agent import Agent
+    from otel_gpu.detect.breaker import Breaker, BreakerConfig
+    from otel_gpu.detect.engine import DetectConfig, Engine
+    from otel_gpu.sampling.sim import SimulatedSource
+    from otel_gpu.watchdog import Watchdog
+
+    out = sys.stdout
+    # The demo prints alerts and transitions itself; the actions' log lines would repeat them.
+    logging.getLogger("otel_gpu.actions").setLevel(logging.ERROR)
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    _Receiver.received = []
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{receiver.server_address[1]}/alerts"
+
+    settings = Settings(interval_s=0.25, exporter="none", detect=False)
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(
+        metric_readers=[reader], resource=Resource.create({"service.name": "otel-gpu-demo"})
+    )
+    source = SimulatedSource(args.scenario, time_scale=120.0, leak_bytes_per_s=12 * GIB / 3600)
+    child = subprocess.Popen([sys.executable, "-c", WORKLOAD])
+    dispatcher = ActionDispatcher([JsonNotifier(url)], backoff_s=0.2, source="otel-gpu demo")
+    watchdog = Watchdog(
+        Engine(DetectConfig()),
+        Breaker(BreakerConfig()),
+        dispatcher=dispatcher,
+        phase=lambda: source.phase(source.elapsed()),
+    )
+    events: list[str] = []
+    watchdog.alert_listeners.append(
+        lambda a: events.append(f"ALERT {a.kind} on {a.subject}: {a.message}")
+    )
+    watchdog.transition_listeners.append(
+        lambda t: events.append(f"BREAKER {t.subject}: {t.from_state} -> {t.to_state} ({t.reason})")
+    )
+    agent = Agent(settings, meter_provider=provider, roots=[child.pid], source=source)
+    agent.sampler.add_listener(watchdog.on_snapshot)
+    watchdog.register_instruments(provider.get_meter("otel_gpu"))
+
+    print(
+        f"otel-gpu demo: watching PID {child.pid} on a simulated GPU ({args.scenario}), "
+        "simulated time runs 120x faster; Ctrl-C to stop.",
+        file=out,
+    )
+    agent.start()
+    started = time.monotonic()
+    notified_at: float | None = None
+    try:
+        while time.monotonic() - started < args.max_seconds:
+            time.sleep(1.0)
+            while events:
+                print(f"  >>> {events.pop(0)}", file=out)
+            snap = agent.sampler.latest
+            if snap is not None:
+                print(_status_line(snap, source), file=out)
+            if _Receiver.received and notified_at is None:
+                notified_at = time.monotonic()
+                note = _Receiver.received[0]
+                print(f"  >>> NOTIFICATION delivered to {url}: {note.get('title')}", file=out)
+            if notified_at is not None and time.monotonic() - notified_at > 2.0:
+                break
+        out.flush()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        agent.shutdown(2.0)
+        watchdog.close(2.0)
+        child.terminate()
+        child.wait(5)
+        data = reader.get_metrics_data()
+        receiver.shutdown()
+    points, names = _count(data)
+    print(
+        f"\nlast metric collection: {points} data points in {len(names)} instruments "
+        f"({', '.join(sorted(n for n in names if n.startswith(('hw.gpu', 'process.gpu'))))}, ...)",
+        file=out,
+    )
+    if _Receiver.received:
+        print(
+            "notification payload:", json.dumps(_Receiver.received[0], default=str)[:400], file=out
+        )
+        return 0
+    print("no alert was raised in this run", file=out)
+    return 0 if args.scenario == "steady" else 1
+
+
+def _status_line(snap: Any, source: Any) -> str:
+    t = source.elapsed()
+    clock = f"{int(t // 3600):02d}:{int(t % 3600 // 60):02d}:{int(t % 60):02d}"
+    parts = [f"[sim {clock}] phase {source.phase(t):<8}"]
+    for g in snap.gpus:
+        parts.append(
+            f"GPU{g.index} mem {g.memory_used / GIB:5.1f}/{g.memory_total / GIB:.0f} GiB "
+            f"util {100 * (g.util_gpu or 0):3.0f}% power {g.power_w or 0:4.0f} W"
+        )
+    for p in snap.processes[:2]:
+        gpu = sum(gp.used_memory or 0 for gp in snap.gpu_processes if gp.pid == p.pid)
+        cpu = "" if p.cpu_utilization is None else f" cpu {100 * p.cpu_utilization:4.1f}%"
+        parts.append(f"pid {p.pid} {p.executable_name}: gpu {gpu / GIB:5.1f} GiB{cpu}")
+    return " | ".join(parts)
+
+
+def _count(data: Any) -> tuple[int, set[str]]:
+    points, names = 0, set()
+    if data is None:
+        return 0, names
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                names.add(m.name)
+                points += len(m.data.data_points)
+    return points, names

@@ -1,0 +1,167 @@
+"""``otel-gpu doctor``: one line per check, ok / warn / fail, each problem with its fix."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from otel_gpu.config import Settings
+from otel_gpu.errors import UsageError
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+
+
+@dataclass(frozen=True)
+class Check:
+    status: str
+    name: str
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        text = f"{self.status:<4}  {self.name}: {self.detail}"
+        return f"{text} -> {self.fix}" if self.fix and self.status != OK else text
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "doctor",
+        help="check NVML, GPUs, PID namespaces, git and the exporter endpoint",
+        description="Checks what the agent needs and prints one line per check: ok, warn or "
+        "fail, with the fix. Exit code 1 when any check fails.",
+    )
+    parser.add_argument(
+        "--endpoint",
+        metavar="URL",
+        help="OTLP endpoint to test (default: OTEL_EXPORTER_OTLP_ENDPOINT or http://localhost:4317)",
+    )
+    parser.add_argument(
+        "--simulate", metavar="SCENARIO", help="check against the simulated GPU instead of NVML"
+    )
+    parser.set_defaults(func=doctor)
+
+
+def doctor(args: argparse.Namespace) -> int:
+    settings = Settings.load(endpoint=args.endpoint, simulate=args.simulate)
+    failed = False
+    for check in run_checks(settings):
+        print(check.line())
+        failed = failed or check.status == FAIL
+    sys.stdout.flush()
+    return 1 if failed else 0
+
+
+def run_checks(settings: Settings) -> Iterator[Check]:
+    yield from _guard("gpu", lambda: _gpu_checks(settings))
+    yield from _guard("git", _git_check)
+    yield from _guard("exporter", lambda: iter([_endpoint_check(settings)]))
+
+
+def _guard(name: str, checks: Callable[[], Iterator[Check]]) -> Iterator[Check]:
+    try:
+        yield from checks()
+    except UsageError:
+        raise
+    except Exception as exc:  # a broken check is reported, never a traceback
+        yield Check(FAIL, name, f"check crashed: {type(exc).__name__}: {exc}", "report this bug")
+
+
+def _gpu_checks(settings: Settings) -> Iterator[Check]:
+    from otel_gpu.agent import make_source
+    from otel_gpu.sampling.procs import ProcessTree
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    source = make_source(settings, visible)
+    try:
+        reading = source.sample([os.getpid()])
+        info = source.host_info()
+    finally:
+        source.close()
+    if reading.no_gpu_reason:
+        yield Check(
+            FAIL,
+            "nvml",
+            reading.no_gpu_reason,
+            "install the NVIDIA driver (libnvidia-ml.so.1), run the container with the NVIDIA "
+            "runtime, set OTEL_GPU_NVML_LIBRARY to the library's path, or use --simulate",
+        )
+        return
+    driver = info.driver_version or "unknown"
+    cuda = info.cuda_driver_version or "unknown"
+    yield Check(OK, "nvml", f"driver {driver}, CUDA driver {cuda}")
+    if not reading.gpus:
+        hint = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+        yield Check(
+            FAIL, "gpus", f"no GPU visible{hint}", "check CUDA_VISIBLE_DEVICES and the driver"
+        )
+        return
+    for g in reading.gpus:
+        mem = (
+            f"{g.memory_used / 2**30:.1f}/{g.memory_total / 2**30:.1f} GiB"
+            if g.memory_used is not None and g.memory_total
+            else "memory unknown"
+        )
+        status = OK if g.status == "ok" else FAIL
+        yield Check(
+            status,
+            f"gpu {g.index}",
+            f"{g.name or 'unknown'} {g.uuid}, {mem}, status {g.status}",
+            "check `nvidia-smi`; a lost GPU needs a reset or a reboot",
+        )
+    pids = sorted({gp.pid for gp in reading.gpu_processes})
+    tree = ProcessTree([], proc_root=settings.proc_root)
+    mapped = tree.sample(pids)
+    if not pids:
+        yield Check(OK, "gpu processes", "none running")
+    elif mapped.unmapped_gpu_pids:
+        yield Check(
+            WARN,
+            "pid namespace",
+            f"{len(mapped.unmapped_gpu_pids)} of {len(pids)} GPU processes are not visible from "
+            "here (NVML reports host PIDs); their GPU memory is reported under the host PID",
+            "run with the host PID namespace (docker --pid=host, Kubernetes hostPID: true) or "
+            "mount the host's /proc and set OTEL_GPU_PROC_ROOT to it",
+        )
+    else:
+        yield Check(OK, "pid namespace", f"all {len(pids)} GPU processes visible")
+
+
+def _git_check() -> Iterator[Check]:
+    from otel_gpu.resource import GitResourceDetector
+
+    attrs = dict(GitResourceDetector().detect().attributes)
+    rev = attrs.get("vcs.ref.head.revision")
+    if not rev:
+        yield Check(
+            WARN,
+            "git",
+            f"{os.getcwd()} is not in a git repository: no vcs.* provenance",
+            "run from the training code's repository or set OTEL_GPU_GIT_DIR",
+        )
+        return
+    url = attrs.get("vcs.repository.url.full", "no remote")
+    name = attrs.get("vcs.ref.head.name", "detached")
+    yield Check(OK, "git", f"{url} {name} @ {str(rev)[:12]}")
+
+
+def _endpoint_check(settings: Settings) -> Check:
+    endpoint = settings.endpoint or "http://localhost:4317"
+    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    host, port = parts.hostname or "localhost", parts.port or 4317
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            pass
+    except OSError as exc:
+        return Check(
+            FAIL,
+            "exporter",
+            f"cannot reach {host}:{port} ({exc.strerror or exc})",
+            "start a collector there (OTel Collector, rotel, `otel-gpu processor`) or set "
+            "OTEL_EXPORTER_OTLP_ENDPOINT / --endpoint",
+        )
+    return Check(OK, "exporter", f"{host}:{port} accepts connections")

@@ -1,0 +1,115 @@
+"""``otel-gpu run [options] -- CMD ARGS...``: launch a command and watch it."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Sequence
+
+from otel_gpu.commands.common import (
+    add_agent_options,
+    build_resource,
+    settings_from_args,
+    setup_logging,
+)
+from otel_gpu.errors import UsageError
+
+log = logging.getLogger("otel_gpu.run")
+
+# Signals passed on to the job. The job runs in its own process group, and a signal goes to the
+# whole group, as a terminal's Ctrl-C would: launchers such as `swift` orphan their trainer when
+# only they get SIGTERM (FIELD-NOTES §4).
+FORWARDED = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "run",
+        help="launch a command and watch its process tree and GPUs",
+        description="Launch CMD, watch its whole process tree and its GPUs (CUDA_VISIBLE_DEVICES), "
+        "export metrics, detect leaks and stalls, forward SIGINT/SIGTERM/SIGHUP/SIGQUIT/SIGUSR1/"
+        "SIGUSR2 to it, and exit with its exit code (128+N when a signal N ended it).",
+    )
+    add_agent_options(parser)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    parser.set_defaults(func=run)
+
+
+def job_command(raw: Sequence[str]) -> list[str]:
+    cmd = list(raw)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError(
+            "no command to run: put it after '--', e.g. otel-gpu run -- python train.py"
+        )
+    if shutil.which(cmd[0]) is None:
+        raise UsageError(f"command not found: {cmd[0]!r} (check the name or give its full path)")
+    return cmd
+
+
+def run(args: argparse.Namespace) -> int:
+    cmd = job_command(args.command)
+    settings = settings_from_args(args)
+    setup_logging(args.verbose)
+    from otel_gpu.agent import Agent, acquire_node_lock
+    from otel_gpu.export import meter_provider, shutdown_provider
+
+    # Own the node before the job starts, so an auto-instrumented job does not sample it twice.
+    acquire_node_lock(settings.lock_dir)
+    provider = meter_provider(settings, build_resource(args.service_name, cmd))
+    try:
+        child = subprocess.Popen(cmd, start_new_session=True)
+    except OSError as exc:
+        shutdown_provider(provider, 1.0)
+        raise UsageError(f"cannot start {cmd[0]!r}: {exc.strerror}") from None
+    previous = {}
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signum)
+
+    for sig in FORWARDED:
+        previous[sig] = signal.signal(sig, forward)
+    agent = None
+    try:
+        try:
+            agent = Agent(
+                settings,
+                meter_provider=provider,
+                roots=[child.pid],
+                visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+            ).start()
+        except Exception as exc:  # the job runs on, unwatched, rather than being harmed
+            log.warning("the agent failed to start (%s); %s runs on unwatched", exc, cmd[0])
+        code = wait_child(child)
+    finally:
+        if agent is not None:
+            agent.shutdown()
+        shutdown_provider(provider, settings.shutdown_timeout_s)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code
+
+
+def wait_child(child: subprocess.Popen) -> int:
+    """Wait for the job; its exit code, or 128+N when signal N ended it (as shells report)."""
+    while True:
+        try:
+            code = child.wait()
+            break
+        except KeyboardInterrupt:  # pragma: no cover - handlers replace SIGINT while waiting
+            continue
+    return 128 - code if code < 0 else code

@@ -1,0 +1,86 @@
+"""``otel-gpu watch --pid PID``: attach to a running process tree until it exits."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+
+import psutil
+
+from otel_gpu.commands.common import (
+    add_agent_options,
+    build_resource,
+    settings_from_args,
+    setup_logging,
+)
+from otel_gpu.errors import UsageError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "watch",
+        help="attach to a running process tree",
+        description="Watch PID and all its descendants and their GPUs until PID exits "
+        "(or Ctrl-C). Nothing is sent to the watched processes.",
+    )
+    parser.add_argument("--pid", type=int, required=True, help="root PID of the job to watch")
+    add_agent_options(parser)
+    parser.set_defaults(func=watch)
+
+
+def watch(args: argparse.Namespace) -> int:
+    if args.pid <= 0 or not psutil.pid_exists(args.pid):
+        raise UsageError(f"no process with PID {args.pid}: check it with 'ps -p {args.pid}'")
+    try:
+        root = psutil.Process(args.pid)
+        created = root.create_time()
+        name = root.name()
+    except psutil.Error:
+        raise UsageError(
+            f"no process with PID {args.pid}: check it with 'ps -p {args.pid}'"
+        ) from None
+    settings = settings_from_args(args)
+    setup_logging(args.verbose)
+    from otel_gpu.agent import Agent, acquire_node_lock
+    from otel_gpu.export import meter_provider, shutdown_provider
+
+    acquire_node_lock(settings.lock_dir)
+    provider = meter_provider(settings, build_resource(args.service_name, [name]))
+    agent = Agent(
+        settings,
+        meter_provider=provider,
+        roots=[args.pid],
+        visible_devices=_visible_devices(root),
+    ).start()
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not stop.wait(0.5):
+            if not _alive(args.pid, created):
+                break
+    finally:
+        agent.shutdown()
+        shutdown_provider(provider, settings.shutdown_timeout_s)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def _alive(pid: int, created: float) -> bool:
+    """True while the same process (not a reused PID) is running and not a zombie."""
+    try:
+        proc = psutil.Process(pid)
+        return proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _visible_devices(root: psutil.Process) -> str | None:
+    """The watched job's CUDA_VISIBLE_DEVICES when readable, else the agent's own."""
+    try:
+        env = root.environ()
+    except (psutil.Error, OSError):
+        env = {}
+    return env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))

@@ -1,0 +1,327 @@
+"""The instrument table: every metric the agent exports, declared once and registered in one loop.
+
+Callbacks read the sampler's latest snapshot only (no NVML, no /proc), skip unknown values and
+return nothing in a forked child (a DataLoader worker must not export the parent's series).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+from otel_gpu.sampling.snapshot import (
+    STATUS_DEGRADED,
+    STATUS_FAILED,
+    STATUS_OK,
+    GpuSample,
+    ProcessSample,
+    Snapshot,
+)
+
+GAUGE = "gauge"
+COUNTER = "counter"
+UPDOWN = "updowncounter"
+
+Attrs = dict[str, Any]
+Reader = Callable[[Snapshot], Iterable[tuple[float, Attrs]]]
+
+# NVML clocks-event (throttle) reason bits -> names (nvml.h nvmlClocksEventReason*).
+THROTTLE_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+
+@dataclass(frozen=True)
+class Instrument:
+    name: str
+    kind: str
+    unit: str
+    description: str
+    read: Reader
+
+
+def gpu_attrs(g: GpuSample) -> Attrs:
+    attrs: Attrs = {"hw.id": g.uuid, "hw.type": "gpu", "hw.vendor": "NVIDIA", "gpu.index": g.index}
+    if g.name:
+        attrs["hw.name"] = g.name
+    return attrs
+
+
+def _per_gpu(field: str, scale: float = 1.0, **extra: Any) -> Reader:
+    def read(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
+        for g in snap.gpus:
+            value = getattr(g, field)
+            if value is not None:
+                yield value * scale, {**gpu_attrs(g), **extra}
+
+    return read
+
+
+def _gpu_multi(pairs: Iterable[tuple[str, Attrs]]) -> Reader:
+    pairs = tuple(pairs)
+
+    def read(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
+        for g in snap.gpus:
+            base = gpu_attrs(g)
+            for field, extra in pairs:
+                value = getattr(g, field)
+                if value is not None:
+                    yield value, {**base, **extra}
+
+    return read
+
+
+def _memory_utilization(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
+    for g in snap.gpus:
+        if g.memory_used is not None and g.memory_total:
+            yield g.memory_used / g.memory_total, gpu_attrs(g)
+
+
+def _status(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
+    for g in snap.gpus:
+        base = gpu_attrs(g)
+        for state in (STATUS_OK, STATUS_DEGRADED, STATUS_FAILED):
+            yield (1.0 if g.status == state else 0.0), {**base, "hw.state": state}
+
+
+def _throttle(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
+    for g in snap.gpus:
+        if g.throttle_reasons is None:
+            continue
+        base = gpu_attrs(g)
+        for bit, reason in THROTTLE_REASONS.items():
+            yield (
+                (1.0 if g.throttle_reasons & bit else 0.0),
+                {**base, "otel_gpu.throttle.reason": reason},
+            )
+
+
+def process_attrs(p: ProcessSample) -> Attrs:
+    attrs: Attrs = {"process.pid": p.pid}
+    for key, value in (
+        ("process.vpid", p.vpid),
+        ("process.parent_pid", p.parent_pid),
+        ("process.executable.name", p.executable_name),
+        ("process.command", p.command),
+        ("process.owner", p.owner),
+    ):
+        if value is not None:
+            attrs[key] = value
+    return attrs
+
+
+def _per_process(field: str) -> Reader:
+    def read(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
+        for p in snap.processes:
+            value = getattr(p, field)
+            if value is not None:
+                yield value, process_attrs(p)
+
+    return read
+
+
+def _process_gpu(field: str) -> Reader:
+    def read(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
+        by_pid = {p.pid: p for p in snap.processes}
+        for gp in snap.gpu_processes:
+            value = getattr(gp, field)
+            if value is None:
+                continue
+            # NVML reports host PIDs; unmapped ones are still reported under the host PID.
+            proc = by_pid.get(snap.host_to_local.get(gp.pid, gp.pid))
+            attrs = process_attrs(proc) if proc is not None else {"process.pid": gp.pid}
+            attrs["hw.id"] = gp.gpu_uuid
+            yield value, attrs
+
+    return read
+
+
+def _agent(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
+    yield float(snap.processes_dropped), {}
+
+
+INSTRUMENTS: tuple[Instrument, ...] = (
+    Instrument(
+        "hw.gpu.utilization",
+        GAUGE,
+        "1",
+        "Fraction of time the GPU ran work, by task (general = any kernel, encoder, decoder)",
+        _gpu_multi(
+            (
+                ("util_gpu", {"hw.gpu.task": "general"}),
+                ("util_encoder", {"hw.gpu.task": "encoder"}),
+                ("util_decoder", {"hw.gpu.task": "decoder"}),
+            )
+        ),
+    ),
+    Instrument("hw.gpu.memory.usage", UPDOWN, "By", "GPU memory in use", _per_gpu("memory_used")),
+    Instrument(
+        "hw.gpu.memory.limit", UPDOWN, "By", "GPU memory in total", _per_gpu("memory_total")
+    ),
+    Instrument(
+        "hw.gpu.memory.utilization",
+        GAUGE,
+        "1",
+        "Fraction of GPU memory in use (usage / limit)",
+        _memory_utilization,
+    ),
+    Instrument(
+        "otel_gpu.gpu.memory.reserved",
+        UPDOWN,
+        "By",
+        "GPU memory reserved by the driver (included in usage)",
+        _per_gpu("memory_reserved"),
+    ),
+    Instrument(
+        "otel_gpu.gpu.memory_controller.utilization",
+        GAUGE,
+        "1",
+        "Fraction of time device memory was read or written (NVML 'memory' utilization)",
+        _per_gpu("util_memory"),
+    ),
+    Instrument("hw.power", GAUGE, "W", "GPU power draw", _per_gpu("power_w")),
+    Instrument(
+        "otel_gpu.gpu.power.limit",
+        GAUGE,
+        "W",
+        "Enforced GPU power limit",
+        _per_gpu("power_limit_w"),
+    ),
+    Instrument(
+        "hw.energy", COUNTER, "J", "GPU energy since the driver loaded", _per_gpu("energy_j")
+    ),
+    Instrument("hw.temperature", GAUGE, "Cel", "GPU core temperature", _per_gpu("temperature_c")),
+    Instrument(
+        "hw.errors",
+        COUNTER,
+        "{error}",
+        "GPU errors: ECC corrected and uncorrected (volatile), Xid events seen by the agent",
+        _gpu_multi(
+            (
+                ("ecc_corrected", {"error.type": "corrected"}),
+                ("ecc_uncorrected", {"error.type": "uncorrected"}),
+                ("xid_errors", {"error.type": "xid"}),
+            )
+        ),
+    ),
+    Instrument("hw.status", UPDOWN, "1", "GPU status: 1 for the current hw.state", _status),
+    Instrument(
+        "otel_gpu.gpu.clock.frequency",
+        GAUGE,
+        "Hz",
+        "GPU clock frequencies by domain",
+        _gpu_multi(
+            (
+                ("clock_sm_hz", {"otel_gpu.clock.domain": "sm"}),
+                ("clock_mem_hz", {"otel_gpu.clock.domain": "memory"}),
+                ("clock_graphics_hz", {"otel_gpu.clock.domain": "graphics"}),
+            )
+        ),
+    ),
+    Instrument(
+        "otel_gpu.gpu.pcie.throughput",
+        GAUGE,
+        "By/s",
+        "PCIe throughput by direction",
+        _gpu_multi(
+            (
+                ("pcie_tx_bytes_per_s", {"network.io.direction": "transmit"}),
+                ("pcie_rx_bytes_per_s", {"network.io.direction": "receive"}),
+            )
+        ),
+    ),
+    Instrument(
+        "otel_gpu.gpu.throttle",
+        GAUGE,
+        "1",
+        "1 while a clocks-event (throttle) reason is active",
+        _throttle,
+    ),
+    Instrument(
+        "process.gpu.memory.usage",
+        UPDOWN,
+        "By",
+        "GPU memory used by a process on one GPU",
+        _process_gpu("used_memory"),
+    ),
+    Instrument(
+        "process.gpu.utilization",
+        GAUGE,
+        "1",
+        "Fraction of time a process ran kernels on one GPU (NVML samples)",
+        _process_gpu("sm_util"),
+    ),
+    Instrument(
+        "process.cpu.utilization",
+        GAUGE,
+        "1",
+        "CPU time / elapsed time / CPUs available",
+        _per_process("cpu_utilization"),
+    ),
+    Instrument("process.memory.usage", UPDOWN, "By", "Resident memory", _per_process("memory_rss")),
+    Instrument(
+        "process.memory.virtual", UPDOWN, "By", "Virtual memory", _per_process("memory_virtual")
+    ),
+    Instrument("process.thread.count", UPDOWN, "{thread}", "Threads", _per_process("thread_count")),
+    Instrument(
+        "process.unix.file_descriptor.count",
+        UPDOWN,
+        "{file_descriptor}",
+        "Open file descriptors",
+        _per_process("fd_count"),
+    ),
+    Instrument(
+        "otel_gpu.agent.processes.dropped",
+        GAUGE,
+        "{process}",
+        "Processes not tracked in the last sweep because of OTEL_GPU_MAX_PROCESSES",
+        _agent,
+    ),
+)
+
+
+def register(
+    meter: Meter,
+    latest: Callable[[], Snapshot | None],
+    instruments: Iterable[Instrument] = INSTRUMENTS,
+) -> list[Any]:
+    """Create one observable instrument per table row, all reading ``latest()``."""
+    owner = os.getpid()
+    created = []
+    for spec in instruments:
+        created.append(_create(meter, spec, latest, owner))
+    return created
+
+
+def _create(
+    meter: Meter, spec: Instrument, latest: Callable[[], Snapshot | None], owner: int
+) -> Any:
+    def callback(options: CallbackOptions) -> Iterable[Observation]:
+        if os.getpid() != owner:  # forked child (DataLoader worker): the parent reports
+            return []
+        snap = latest()
+        if snap is None:
+            return []
+        try:
+            return [Observation(v, a) for v, a in spec.read(snap)]
+        except Exception:  # a reader bug loses this instrument's points, never the cycle
+            return []
+
+    make = {
+        GAUGE: meter.create_observable_gauge,
+        COUNTER: meter.create_observable_counter,
+        UPDOWN: meter.create_observable_up_down_counter,
+    }[spec.kind]
+    return make(spec.name, callbacks=[callback], unit=spec.unit, description=spec.description)

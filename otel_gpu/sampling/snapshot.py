@@ -1,0 +1,92 @@
+"""Immutable records that one sampler sweep produces.
+
+Every field that NVML or /proc could not provide is ``None`` ("unknown"); readers skip it and
+never report it as 0. Units are converted here, at the edge: bytes, watts, joules, degrees
+Celsius, hertz, fractions 0..1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# hw.status states (semconv hw.state values we use).
+STATUS_OK = "ok"
+STATUS_DEGRADED = "degraded"
+STATUS_FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One GPU at one sweep. ``uuid`` is the stable series key (``hw.id``)."""
+
+    uuid: str
+    index: int
+    name: str | None = None
+    status: str = STATUS_OK
+    memory_used: int | None = None  # By (NVML "used"; includes driver-reserved memory)
+    memory_total: int | None = None  # By
+    memory_reserved: int | None = None  # By (memory info v2 only)
+    util_gpu: float | None = None  # 0..1, fraction of time a kernel ran
+    util_memory: float | None = None  # 0..1, fraction of time memory was read/written
+    util_encoder: float | None = None  # 0..1
+    util_decoder: float | None = None  # 0..1
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    energy_j: float | None = None  # cumulative since driver load
+    temperature_c: float | None = None
+    ecc_corrected: int | None = None  # cumulative (volatile) count
+    ecc_uncorrected: int | None = None
+    xid_errors: int | None = None  # Xid events seen since the agent started
+    clock_sm_hz: float | None = None
+    clock_mem_hz: float | None = None
+    clock_graphics_hz: float | None = None
+    pcie_tx_bytes_per_s: float | None = None
+    pcie_rx_bytes_per_s: float | None = None
+    throttle_reasons: int | None = None  # NVML clocks-event-reasons bitmask
+    mig_mode: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcessSample:
+    """One process as NVML lists it on one GPU (host PID namespace)."""
+
+    pid: int  # host PID as NVML reports it
+    gpu_uuid: str
+    used_memory: int | None = None  # By; None when NVML says "not available"
+    sm_util: float | None = None  # 0..1 from process utilization samples
+    mem_util: float | None = None  # 0..1
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """One OS process of the watched tree (or a GPU process NVML lists), from /proc."""
+
+    pid: int  # PID in the agent's /proc (the host PID when the agent sees the host's PIDs)
+    vpid: int | None = None  # PID inside the process's own namespace (last NSpid) when it differs
+    parent_pid: int | None = None
+    executable_name: str | None = None
+    command: str | None = None  # truncated command line
+    owner: str | None = None
+    create_time: float | None = None  # s since epoch; guards PID reuse
+    cpu_utilization: float | None = None  # 0..1: CPU time / elapsed / CPUs available (semconv)
+    memory_rss: int | None = None  # By
+    memory_virtual: int | None = None  # By
+    thread_count: int | None = None
+    fd_count: int | None = None
+    in_tree: bool = True  # False: not in the watched tree, only seen on the job's GPUs
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything one sweep saw. Published atomically by the sampler; readers never mutate it."""
+
+    time: float  # wall clock (s since epoch) at the end of the sweep
+    gpus: tuple[GpuSample, ...] = ()
+    gpu_processes: tuple[GpuProcessSample, ...] = ()
+    processes: tuple[ProcessSample, ...] = ()
+    processes_dropped: int = 0  # processes not tracked because of the cap (this sweep)
+    unmapped_gpu_pids: tuple[int, ...] = ()  # NVML PIDs that map to no visible process
+    host_to_local: dict[int, int] = field(default_factory=dict)  # NVML (host) PID -> agent PID
+    no_gpu_reason: str | None = None  # set while NVML is unavailable
+    sweep_seconds: float | None = None  # how long the sweep took
+    extra: dict[str, float] = field(default_factory=dict)

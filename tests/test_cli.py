@@ -1,0 +1,164 @@
+"""The `otel-gpu` command line as a user runs it: real processes, real exporters."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+CLI = [sys.executable, "-m", "otel_gpu.cli"]
+
+
+def otel_gpu(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, timeout=timeout, env=env or _env()
+    )
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "FAKE_NVML"))}
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["run"], "no command to run: put it after '--'"),
+        (["run", "--"], "no command to run"),
+        (["run", "--", "no-such-program-xyz"], "command not found: 'no-such-program-xyz'"),
+        (["run", "--endpoint", "http://host:port", "--", "true"], "bad OTLP endpoint"),
+        (["run", "--simulate", "melt", "--", "true"], "unknown simulation scenario 'melt'"),
+        (["run", "--interval", "0", "--", "true"], "0.1 s or more"),
+        (["watch", "--pid", "999999999"], "no process with PID 999999999"),
+        (["watch"], "the following arguments are required: --pid"),
+        (["watch", "--pid", "abc"], "invalid int value: 'abc'"),
+    ],
+)
+def test_user_mistakes_get_one_line_and_exit_2(args: list[str], needle: str) -> None:
+    res = otel_gpu(*args)
+    assert res.returncode == 2, res.stderr
+    assert needle in res.stderr
+    assert "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_help_explains_every_option() -> None:
+    res = otel_gpu("run", "--help")
+    assert res.returncode == 0
+    for option in ("--interval", "--exporter", "--endpoint", "--simulate", "--no-detect"):
+        assert option in res.stdout
+
+
+def test_run_passes_the_exit_code_through() -> None:
+    res = otel_gpu(
+        "run", "--exporter", "none", "--no-detect", "--", sys.executable, "-c", "exit(7)"
+    )
+    assert res.returncode == 7, res.stderr
+
+
+def _points(stdout: str) -> dict[str, list[dict]]:
+    """Data points by metric name from ConsoleMetricExporter's JSON documents."""
+    found: dict[str, list[dict]] = {}
+    decoder = json.JSONDecoder()
+    text, i = stdout, 0
+    while True:
+        i = text.find("{", i)
+        if i < 0:
+            return found
+        try:
+            doc, end = decoder.raw_decode(text, i)
+        except ValueError:
+            i += 1
+            continue
+        i = end
+        for rm in doc.get("resource_metrics", []):
+            for sm in rm["scope_metrics"]:
+                for m in sm["metrics"]:
+                    found.setdefault(m["name"], []).extend(m["data"]["data_points"])
+
+
+def test_run_with_simulated_gpu_prints_device_and_process_points() -> None:
+    code = "import time; time.sleep(3)"
+    res = otel_gpu(
+        "run", "--simulate", "leak", "--exporter", "console", "--interval", "0.2",
+        "--export-interval", "1", "--no-detect", "--", sys.executable, "-c", code,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    pts = _points(res.stdout)
+    assert pts["hw.gpu.memory.usage"] and pts["hw.gpu.utilization"] and pts["hw.power"]
+    child_pids = {p["attributes"]["process.pid"] for p in pts["process.gpu.memory.usage"]}
+    assert len(child_pids) == 1
+    rss_pids = {p["attributes"]["process.pid"] for p in pts["process.memory.usage"]}
+    assert child_pids <= rss_pids
+
+
+def test_run_forwards_sigterm_and_reports_the_jobs_exit(tmp_path: Path) -> None:
+    marker = tmp_path / "got-term"
+    code = (
+        "import signal, sys, time, pathlib\n"
+        f"def h(*_): pathlib.Path({str(marker)!r}).write_text('x'); sys.exit(3)\n"
+        "signal.signal(signal.SIGTERM, h)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    proc = subprocess.Popen(
+        [*CLI, "run", "--exporter", "none", "--no-detect", "--", sys.executable, "-c", code],
+        stdout=subprocess.PIPE, text=True, env=_env(),
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 3
+    assert marker.exists()
+
+
+def test_run_reports_death_by_signal_as_128_plus_n() -> None:
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    res = otel_gpu("run", "--exporter", "none", "--no-detect", "--", sys.executable, "-c", code)
+    assert res.returncode == 128 + 9
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_shutdown_is_bounded_when_the_collector_is_unreachable() -> None:
+    began = time.monotonic()
+    res = otel_gpu(
+        "run", "--simulate", "steady", "--endpoint", f"http://127.0.0.1:{_closed_port()}",
+        "--interval", "0.2", "--export-interval", "0.5", "--no-detect",
+        "--", sys.executable, "-c", "import time; time.sleep(1.5)",
+        env=_env(OTEL_GPU_SHUTDOWN_TIMEOUT="2"),
+    )  # fmt: skip
+    elapsed = time.monotonic() - began
+    assert res.returncode == 0, res.stderr
+    # The job took 1.5 s; start-up, a 2 s shutdown bound and interpreter exit must fit in 10 s
+    # (the SDK's defaults take tens of seconds here).
+    assert elapsed < 10, elapsed
+
+
+def test_watch_attaches_and_stops_when_the_process_exits() -> None:
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2.5)"])
+    try:
+        res = otel_gpu(
+            "watch", "--pid", str(job.pid), "--simulate", "steady", "--exporter", "console",
+            "--interval", "0.2", "--export-interval", "0.5", "--no-detect", timeout=30,
+        )  # fmt: skip
+    finally:
+        job.kill()
+        job.wait()
+    assert res.returncode == 0, res.stderr
+    pts = _points(res.stdout)
+    assert {p["attributes"]["process.pid"] for p in pts["process.memory.usage"]} == {job.pid}
