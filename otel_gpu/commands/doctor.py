@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import socket
 import sys
@@ -48,6 +49,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def doctor(args: argparse.Namespace) -> int:
     settings = Settings.load(endpoint=args.endpoint, simulate=args.simulate)
+    # Every finding is printed as a check line; the agent's own warnings would repeat them.
+    logging.getLogger("otel_gpu").setLevel(logging.ERROR)
     failed = False
     for check in run_checks(settings):
         print(check.line())

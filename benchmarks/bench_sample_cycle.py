@@ -1,0 +1,161 @@
+"""Cost of one sample-and-collect cycle: 8 GPUs x 64 GPU processes, through the real pynvml
+path on the fake libnvidia-ml, /proc for 64 real child processes, and the OTel SDK collecting
+every instrument — beside the SDK floor measured in the same run: the same data points from
+callbacks that return constants.
+
+    python benchmarks/bench_sample_cycle.py [--cycles N]
+
+Prints CPU time per cycle for both, the ratio, the share of one core at a 1 s interval, and ends
+with one JSON line {"name", "value", "baseline", "ratio", "unit"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from opentelemetry.metrics import Observation  # noqa: E402
+from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
+
+from tests.fakenvml.build import build_fake  # noqa: E402
+
+GPUS = 8
+PROCS = 64
+
+
+def scenario(pids: list[int]) -> str:
+    lines = [f"devices = {GPUS}", "driver_version = 550.54.15", "cuda_driver_version = 12040"]
+    lines += [
+        "gpu.*.memory.total = 85899345920",
+        "gpu.*.memory.used = 40000000000+1e6/s",
+        "gpu.*.util.gpu = 93",
+        "gpu.*.util.memory = 40",
+        "gpu.*.power.usage = 612000",
+        "gpu.*.power.limit = 700000",
+        "gpu.*.energy = 123456789+612000/s",
+        "gpu.*.temperature = 71",
+        "gpu.*.clock.sm = 1980",
+        "gpu.*.clock.mem = 2619",
+        "gpu.*.pcie.tx = 1000",
+        "gpu.*.pcie.rx = 2000",
+    ]
+    per = len(pids) // GPUS
+    for i in range(GPUS):
+        mine = pids[i * per : (i + 1) * per]
+        lines.append(f"gpu.{i}.uuid = GPU-bench-{i:04d}")
+        lines.append(f"gpu.{i}.processes = " + " ".join(f"{p}:{2**30 + p}" for p in mine))
+        lines.append(f"gpu.{i}.process_util = " + " ".join(f"{p}:50:20" for p in mine))
+    return "\n".join(lines) + "\n"
+
+
+def points_of(reader: InMemoryMetricReader) -> list[tuple[str, float, dict]]:
+    out = []
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                for p in m.data.data_points:
+                    out.append((m.name, p.value, dict(p.attributes)))
+    return out
+
+
+def cpu_per_cycle(fn, cycles: int, pause_s: float) -> float:
+    fn()  # warm up
+    total = 0.0
+    for _ in range(cycles):
+        began = time.process_time()
+        fn()
+        total += time.process_time() - began
+        time.sleep(pause_s)
+    return total / cycles
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cycles", type=int, default=50)
+    parser.add_argument("--pause", type=float, default=0.02, help="seconds between cycles")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="otel-gpu-bench-"))
+    lib = build_fake(work / "lib")
+    children = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        for _ in range(PROCS)
+    ]
+    try:
+        pids = [c.pid for c in children]
+        (work / "scenario").write_text(scenario(pids))
+        os.environ["FAKE_NVML_SCENARIO"] = str(work / "scenario")
+
+        from otel_gpu import metrics
+        from otel_gpu.sampling.nvml import NvmlSource
+        from otel_gpu.sampling.procs import ProcessTree
+        from otel_gpu.sampling.sampler import Sampler
+
+        source = NvmlSource(library_path=str(lib), call_timeout_s=2.0)
+        sampler = Sampler(source, ProcessTree(pids), interval_s=1.0)
+        reader = InMemoryMetricReader()
+        metrics.register(MeterProvider(metric_readers=[reader]).get_meter("bench"), lambda: sampler.latest)
+
+        def ours() -> None:
+            sampler.sample_once()
+            reader.get_metrics_data()
+
+        sampler.sample_once()
+        sampler.sample_once()
+        sample_points = points_of(reader)
+        ours_s = cpu_per_cycle(ours, args.cycles, args.pause)
+
+        # Floor: the same points (names, attributes) from callbacks returning constants.
+        by_name: dict[str, list[tuple[float, dict]]] = {}
+        for name, value, attrs in sample_points:
+            by_name.setdefault(name, []).append((value, attrs))
+        floor_reader = InMemoryMetricReader()
+        meter = MeterProvider(metric_readers=[floor_reader]).get_meter("floor")
+        for name, obs in by_name.items():
+            frozen = [Observation(v, a) for v, a in obs]
+            meter.create_observable_gauge(name + ".floor", callbacks=[lambda _o, f=frozen: f])
+        floor_s = cpu_per_cycle(floor_reader.get_metrics_data, args.cycles, args.pause)
+
+        # Sampling alone, for the breakdown.
+        sweep_s = cpu_per_cycle(sampler.sample_once, args.cycles, args.pause)
+        sampler.stop(2.0)
+    finally:
+        for c in children:
+            c.kill()
+        for c in children:
+            c.wait()
+
+    ratio = ours_s / floor_s
+    print(f"{GPUS} GPUs x {PROCS} GPU processes, {len(sample_points)} data points per cycle")
+    print(f"{'':32}{'CPU ms/cycle':>14}{'% core @1s':>12}")
+    print(f"{'otel-gpu sample + collect':32}{ours_s * 1e3:14.2f}{ours_s * 100:12.3f}")
+    print(f"{'  of which the sweep':32}{sweep_s * 1e3:14.2f}{sweep_s * 100:12.3f}")
+    print(f"{'SDK floor (constant callbacks)':32}{floor_s * 1e3:14.2f}{floor_s * 100:12.3f}")
+    print(f"ratio {ratio:.2f} (target <= 1.5), {ours_s * 100:.2f}% of one core at 1 s (target <= 1%)")
+    print(
+        json.dumps(
+            {
+                "name": "sample_collect_cycle_cpu",
+                "value": round(ours_s * 1e3, 3),
+                "baseline": round(floor_s * 1e3, 3),
+                "ratio": round(ratio, 3),
+                "unit": "ms/cycle",
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,455 @@
+"""Real GPUs through NVML (pynvml), as a :class:`~otel_gpu.sampling.source.DeviceSource`.
+
+Every NVML call goes through :meth:`NvmlSource._call` on one dedicated thread
+(:class:`~otel_gpu.sampling.nvml_guard.CallGuard`), so a hung call never stalls the sampler for
+more than ``sweep_timeout_s``. Failures are classified once, here:
+
+* NOT_SUPPORTED (and FUNCTION_NOT_FOUND, NO_PERMISSION, version mismatches): that metric is
+  never asked again on that device;
+* GPU_IS_LOST (RESET_REQUIRED, GPU_NOT_FOUND): the device is reported ``failed`` and skipped,
+  probed again every ``lost_retry_s``; the other devices keep flowing;
+* library or driver missing (LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED, UNINITIALIZED, a library and
+  driver version mismatch): "no GPU" mode, :class:`DeviceReading` carries the reason, and NVML
+  is initialized again with exponential backoff (1 s doubling to ``retry_max_s``);
+* anything else (TIMEOUT, UNKNOWN, ...): the value is unknown (None) for this sweep.
+
+Each error is logged once per episode (device, metric, error); a success ends the episode.
+Units are converted here: bytes, W (from mW), J (from mJ), Cel, Hz (from MHz), B/s (from KiB/s)
+and fractions 0..1 (from %).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pynvml
+
+from otel_gpu.sampling import nvml_api as api
+from otel_gpu.sampling.nvml_api import Device, Sweep
+from otel_gpu.sampling.nvml_guard import CallGuard
+from otel_gpu.sampling.snapshot import (
+    STATUS_DEGRADED,
+    STATUS_FAILED,
+    STATUS_OK,
+    GpuProcessSample,
+    GpuSample,
+)
+from otel_gpu.sampling.source import DeviceReading, HostInfo
+from otel_gpu.sampling.visible_devices import select_visible
+
+log = logging.getLogger("otel_gpu.nvml")
+
+
+class NvmlSource:
+    """Reads the selected GPUs through NVML; never raises from :meth:`sample`."""
+
+    def __init__(
+        self,
+        *,
+        call_timeout_s: float = 2.0,
+        library_path: str | None = None,
+        visible_devices: str | None = None,
+        sweep_timeout_s: float | None = None,
+        retry_initial_s: float = 1.0,
+        retry_max_s: float = 60.0,
+        lost_retry_s: float = 30.0,
+        process_util_hold_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``call_timeout_s``: deadline of one NVML call; ``sweep_timeout_s`` (default twice
+        that): the most :meth:`sample` ever waits. ``library_path``: load this libnvidia-ml by
+        absolute path instead of the loader's search. ``visible_devices``: a
+        ``CUDA_VISIBLE_DEVICES`` value selecting the job's GPUs (None: all). ``clock`` drives
+        only the retry schedules (init backoff, lost-GPU probes), for tests."""
+        self._guard = CallGuard(call_timeout_s, sweep_timeout_s or 2 * call_timeout_s)
+        self._library_path = library_path
+        self._visible = visible_devices
+        self._retry_initial = retry_initial_s
+        self._retry_max = retry_max_s
+        self._retry_delay = retry_initial_s
+        self._lost_retry = lost_retry_s
+        self._util_hold_s = process_util_hold_s
+        self._clock = clock
+        self._lock = threading.Lock()  # sample/host_info/close may come from different threads
+        self._ready = False
+        self._closed = False
+        self._next_init_at = float("-inf")
+        self._no_gpu_reason: str | None = "NVML not initialized yet"
+        self._selection_note: str | None = None
+        self._devices: list[Device] = []
+        self._by_address: dict[int, Device] = {}
+        self._event_set: Any = None
+        self._host = HostInfo()
+        self._episodes: dict[tuple[int, str], int] = {}
+        self._last_code: int | None = None
+        self._xids_logged: set[tuple[int, int]] = set()
+
+    # -- public API --------------------------------------------------------------------------
+
+    def sample(self, job_pids: Sequence[int] = ()) -> DeviceReading:
+        """Read every selected GPU and its processes once (``job_pids`` is not needed)."""
+        with self._lock:
+            if self._closed:
+                return DeviceReading(no_gpu_reason="NVML source closed")
+            if not self._ensure_ready():
+                return DeviceReading(no_gpu_reason=self._no_gpu_reason)
+            if self._guard.busy:  # an earlier call is still stuck: report identities only
+                return self._reading(Sweep(), self._hung_index())
+            sweep = Sweep()
+            finished = self._guard.run(lambda: self._sweep(sweep))
+            if sweep.library_error is not None:
+                self._lose_library(sweep.library_error)
+                return DeviceReading(no_gpu_reason=self._no_gpu_reason)
+            return self._reading(sweep, None if finished else self._hung_index())
+
+    def host_info(self) -> HostInfo:
+        """Driver and CUDA versions, GPU count and models (initializing NVML if needed)."""
+        with self._lock:
+            if not self._closed:
+                self._ensure_ready()
+            return self._host
+
+    def close(self) -> None:
+        """Shut NVML down (bounded by ``sweep_timeout_s``); later samples report no GPU."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._ready and not self._guard.busy:
+                self._guard.run(self._shutdown)
+            self._ready = False
+            self._guard.stop()
+
+    # -- state machine (caller thread) -------------------------------------------------------
+
+    def _ensure_ready(self) -> bool:
+        if self._ready:
+            return True
+        if self._guard.busy:
+            self._no_gpu_reason = "NVML initialization is not responding"
+            return False
+        if self._clock() < self._next_init_at:
+            return False
+        result: dict[str, str | None] = {"reason": "NVML initialization did not finish"}
+        if not self._guard.run(lambda: result.update(reason=self._init())):
+            result["reason"] = (
+                f"NVML initialization did not return within {self._guard.call_timeout_s:g} s"
+            )
+        reason = result["reason"]
+        if reason is None:
+            self._ready = True
+            self._retry_delay = self._retry_initial
+            self._no_gpu_reason = self._selection_note
+            return True
+        if reason != self._no_gpu_reason:
+            log.warning(
+                "no GPU data: %s; retrying with backoff up to %g s", reason, self._retry_max
+            )
+        self._no_gpu_reason = reason
+        self._next_init_at = self._clock() + self._retry_delay
+        self._retry_delay = min(self._retry_delay * 2, self._retry_max)
+        return False
+
+    def _lose_library(self, code: int) -> None:
+        self._ready = False
+        self._devices = []
+        self._event_set = None
+        reason = api.NO_GPU_REASONS.get(
+            code, f"NVML stopped working ({api.ERROR_NAMES.get(code, code)})"
+        )
+        log.warning("no GPU data: %s; retrying with backoff", reason)
+        self._no_gpu_reason = reason
+        self._next_init_at = self._clock() + self._retry_delay
+        self._retry_delay = min(self._retry_delay * 2, self._retry_max)
+
+    def _hung_index(self) -> int | None:
+        key = self._guard.hung_key
+        return key[0] if isinstance(key, tuple) else None
+
+    def _reading(self, sweep: Sweep, hung: int | None) -> DeviceReading:
+        gpus = []
+        for dev in self._devices:
+            values = dict(sweep.fields.get(dev.index, ()))
+            status = STATUS_OK
+            if dev.lost:
+                status, values = STATUS_FAILED, {}
+            elif dev.index == hung:
+                status = STATUS_DEGRADED
+            gpus.append(
+                GpuSample(uuid=dev.uuid, index=dev.index, name=dev.name, status=status, **values)
+            )
+        return DeviceReading(
+            gpus=tuple(gpus),
+            gpu_processes=tuple(sweep.processes),
+            no_gpu_reason=self._no_gpu_reason,
+        )
+
+    # -- the one guarded NVML entry point (NVML thread) --------------------------------------
+
+    def _call(self, dev: Device | None, metric: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call ``fn(*args)`` under the deadline; the value, or ``api.FAILED`` once classified."""
+        guard = self._guard
+        guard.enter((dev.index if dev is not None else -1, metric))
+        try:
+            value = fn(*args)
+        except pynvml.NVMLError as err:
+            guard.leave()
+            self._last_code = err.value
+            self._on_error(dev, metric, err.value)
+            return api.FAILED
+        except Exception as err:  # a binding mismatch (old pynvml, bad bytes): will not heal
+            guard.leave()
+            self._last_code = None
+            if dev is not None:
+                dev.disabled.add(metric)
+            log.warning("NVML %s failed (%r); not asked again on this device", metric, err)
+            return api.FAILED
+        guard.leave()
+        if self._episodes:  # an error episode of this (device, metric) ends with a success
+            index = dev.index if dev is not None else -1
+            if self._episodes.pop((index, metric), None) is not None:
+                log.info("%s %s: readable again", f"GPU {index}" if dev else "NVML", metric)
+        return value
+
+    def _on_error(self, dev: Device | None, metric: str, code: int) -> None:
+        if code in api.NO_LIBRARY:
+            raise api.LibraryGone(code)
+        if metric == "process_util" and code == pynvml.NVML_ERROR_NOT_FOUND:
+            return  # no samples newer than the last one seen: an idle GPU, not an error
+        if metric == "xid" and code == pynvml.NVML_ERROR_TIMEOUT:
+            return  # no pending event
+        name = api.ERROR_NAMES.get(code, str(code))
+        where = f"GPU {dev.index} ({dev.uuid})" if dev is not None else "NVML"
+        if dev is not None and code in api.UNSUPPORTED:
+            dev.disabled.add(metric)
+            log.info("%s: %s not available (%s); not asked again", where, metric, name)
+            return
+        if dev is not None and code in api.DEVICE_LOST:
+            if not dev.probing:
+                log.warning("%s is lost (%s); reporting it failed", where, name)
+            dev.lost = True
+            dev.probing = False
+            dev.probe_at = self._clock() + self._lost_retry
+            raise api.DeviceFailed
+        key = (dev.index if dev is not None else -1, metric)
+        if self._episodes.get(key) != code:
+            self._episodes[key] = code
+            log.warning(
+                "%s: reading %s failed (%s); value unknown until it recovers", where, metric, name
+            )
+
+    # -- jobs (NVML thread) ------------------------------------------------------------------
+
+    def _init(self) -> str | None:
+        """Initialize NVML and pick the devices; a reason when there is no GPU to read."""
+        if self._library_path:
+            try:
+                api.bind_library(self._library_path)
+            except OSError as err:
+                return f"cannot load NVML library {self._library_path}: {err}"
+        try:
+            if self._call(None, "init", pynvml.nvmlInit) is api.FAILED:
+                code = self._last_code
+                return api.NO_GPU_REASONS.get(
+                    code, f"NVML initialization failed ({api.ERROR_NAMES.get(code, code)})"
+                )
+            count = self._call(None, "count", pynvml.nvmlDeviceGetCount)
+            host = self._read_host(count)
+        except api.LibraryGone as gone:
+            return api.NO_GPU_REASONS.get(
+                gone.code, f"NVML unavailable ({api.ERROR_NAMES.get(gone.code)})"
+            )
+        if count is api.FAILED or count == 0:
+            return "NVML reports no GPU"
+        found = self._enumerate(count)
+        uuids = [d.uuid if d else "" for d in found]
+        chosen, warnings = select_visible(self._visible, uuids)
+        for warning in warnings:
+            log.warning("%s", warning)
+        self._devices = [d for d in (found[i] for i in chosen) if d is not None]
+        self._selection_note = None
+        if not self._devices:
+            self._selection_note = (
+                f"CUDA_VISIBLE_DEVICES={self._visible!r} selects none of the {count} GPUs"
+            )
+        self._by_address = {d.address: d for d in self._devices if d.address is not None}
+        self._host = HostInfo(
+            driver_version=host[0],
+            cuda_driver_version=host[1],
+            gpu_count=count,
+            gpu_models=tuple(d.name or "unknown" for d in found if d is not None),
+        )
+        self._register_events()
+        self._episodes.clear()
+        return None
+
+    def _read_host(self, count: Any) -> tuple[str | None, str | None]:
+        driver = self._call(None, "driver_version", pynvml.nvmlSystemGetDriverVersion)
+        cuda = self._call(None, "cuda_version", pynvml.nvmlSystemGetCudaDriverVersion)
+        driver = None if driver is api.FAILED else api.text(driver)
+        cuda = None if cuda is api.FAILED or not cuda else f"{cuda // 1000}.{cuda % 1000 // 10}"
+        return driver, cuda
+
+    def _enumerate(self, count: int) -> list[Device | None]:
+        found: list[Device | None] = []
+        for i in range(count):
+            handle = self._call(None, "handle", pynvml.nvmlDeviceGetHandleByIndex, i)
+            uuid = (
+                api.FAILED
+                if handle is api.FAILED
+                else self._call(None, "uuid", pynvml.nvmlDeviceGetUUID, handle)
+            )
+            if uuid is api.FAILED:
+                log.warning("GPU %d cannot be identified; not watched", i)
+                found.append(None)
+                continue
+            name = self._call(None, "name", pynvml.nvmlDeviceGetName, handle)
+            address = ctypes.cast(handle, ctypes.c_void_p).value
+            found.append(
+                Device(
+                    i,
+                    handle,
+                    api.text(uuid),
+                    None if name is api.FAILED else api.text(name),
+                    address,
+                )
+            )
+        return found
+
+    def _register_events(self) -> None:
+        create = api.function("nvmlEventSetCreate")
+        event_set = api.FAILED if create is None else self._call(None, "event_set", create)
+        self._event_set = None if event_set is api.FAILED else event_set
+        for dev in self._devices:
+            if self._event_set is not None:
+                ok = self._call(
+                    dev,
+                    "xid_register",
+                    pynvml.nvmlDeviceRegisterEvents,
+                    dev.handle,
+                    api.XID_EVENT,
+                    self._event_set,
+                )
+                dev.xid_count = None if ok is api.FAILED else 0
+
+    def _shutdown(self) -> None:
+        if self._event_set is not None:
+            self._call(None, "event_set_free", pynvml.nvmlEventSetFree, self._event_set)
+        self._call(None, "shutdown", pynvml.nvmlShutdown)
+
+    def _sweep(self, sweep: Sweep) -> None:
+        try:
+            now = self._clock()
+            for dev in self._devices:
+                if dev.lost:
+                    if now < dev.probe_at:
+                        continue
+                    dev.lost, dev.probing = False, True  # a full read decides
+                values: dict[str, Any] = {}
+                sweep.fields[dev.index] = values
+                try:
+                    self._read_device(dev, values, sweep.processes)
+                except api.DeviceFailed:
+                    values.clear()
+                    continue
+                if dev.probing:
+                    dev.probing = False
+                    log.info("GPU %s (%s) is readable again", dev.index, dev.uuid)
+            self._read_events(sweep)
+        except api.LibraryGone as gone:
+            sweep.library_error = gone.code
+
+    def _read_device(self, dev: Device, out: dict[str, Any], procs: list[GpuProcessSample]) -> None:
+        call, h, off = self._call, dev.handle, dev.disabled
+        metric, m = self._first(dev, api.MEMORY)
+        if metric == "memory_v2":
+            # v2 "used" excludes the driver-reserved part; report NVML's classic "used"
+            out.update(
+                memory_total=m.total, memory_reserved=m.reserved, memory_used=m.used + m.reserved
+            )
+        elif metric == "memory":
+            out.update(memory_total=m.total, memory_used=m.used)
+        if "utilization" not in off:
+            u = call(dev, "utilization", pynvml.nvmlDeviceGetUtilizationRates, h)
+            if u is not api.FAILED:
+                out.update(util_gpu=api.pct(u.gpu), util_memory=api.pct(u.memory))
+        metric, t = self._first(dev, api.TEMPERATURE)
+        if metric is not None:
+            out["temperature_c"] = float(t)
+        for metric, name, fn, args, conv in api.SCALARS:
+            if metric not in off and fn is not None:
+                v = call(dev, metric, fn, h, *args)
+                if v is not api.FAILED:
+                    out[name] = conv(v)
+        if dev.xid_count is not None:
+            out["xid_errors"] = dev.xid_count
+        if "processes" not in off:
+            listed = call(dev, "processes", api.compute_processes, h)
+            if listed is not api.FAILED and listed:
+                util = self._process_util(dev) if "process_util" not in off else {}
+                for pid, used in listed:
+                    sm, mem = util.get(pid, (None, None))
+                    procs.append(GpuProcessSample(pid, dev.uuid, used, sm, mem))
+
+    def _first(self, dev: Device, alternatives: api.Alternatives) -> tuple[str | None, Any]:
+        """The first alternative this device supports: (metric, value), or (None, api.FAILED)."""
+        for metric, fn, args in alternatives:
+            if metric in dev.disabled or fn is None:
+                continue
+            value = self._call(dev, metric, fn, dev.handle, *args)
+            if value is not api.FAILED:
+                return metric, value
+            if metric not in dev.disabled:
+                break  # a transient failure: unknown this sweep, no fallback needed
+        return None, api.FAILED
+
+    def _process_util(self, dev: Device) -> dict[int, tuple[float | None, float | None]]:
+        """Per-PID (sm, mem) fractions: the average of the samples newer than the last one seen.
+        When NVML has nothing newer (NOT_FOUND: idle, or asked again within its sample period)
+        the previous values are held for ``process_util_hold_s``, then unknown."""
+        samples = self._call(
+            dev,
+            "process_util",
+            pynvml.nvmlDeviceGetProcessUtilization,
+            dev.handle,
+            dev.util_seen_us,
+        )
+        now = time.monotonic()
+        if samples is not api.FAILED and samples:
+            sums: dict[int, list[float]] = {}
+            for s in samples:
+                acc = sums.setdefault(s.pid, [0.0, 0.0, 0.0])
+                acc[0] += s.smUtil
+                acc[1] += s.memUtil
+                acc[2] += 1
+                dev.util_seen_us = max(dev.util_seen_us, s.timeStamp)
+            dev.util_last = {
+                pid: (sm / n / 100, mem / n / 100) for pid, (sm, mem, n) in sums.items()
+            }
+            dev.util_at = now
+        elif now - dev.util_at > self._util_hold_s:
+            dev.util_last = {}
+        return dev.util_last
+
+    def _read_events(self, sweep: Sweep) -> None:
+        if self._event_set is None:
+            return
+        for _ in range(api.MAX_EVENTS_PER_SWEEP):
+            data = self._call(None, "xid", pynvml.nvmlEventSetWait_v2, self._event_set, 0)
+            if data is api.FAILED:
+                return
+            if data.eventType & api.XID_EVENT:
+                dev = self._by_address.get(ctypes.cast(data.device, ctypes.c_void_p).value or 0)
+                if dev is not None and dev.xid_count is not None:
+                    dev.xid_count += 1
+                    values = sweep.fields.get(dev.index)
+                    if values is not None and not dev.lost:
+                        values["xid_errors"] = dev.xid_count
+                    if (dev.index, data.eventData) not in self._xids_logged:  # Xid storms
+                        self._xids_logged.add((dev.index, data.eventData))
+                        log.warning("GPU %s (%s): Xid %s", dev.index, dev.uuid, data.eventData)

@@ -1,0 +1,209 @@
+"""What NvmlSource asks NVML, and how NVML's answers are classified and converted.
+
+Tables of per-device metrics (pynvml function, arguments, unit conversion), the error classes
+that decide what a failure means, and the few calls done with ctypes directly for speed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+from otel_gpu.sampling.snapshot import GpuProcessSample
+
+FAILED: Any = object()  # "no value": NVML's own functions may return None on success
+XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
+MAX_EVENTS_PER_SWEEP = 256
+
+ERROR_NAMES = {
+    getattr(pynvml, n): n[len("NVML_ERROR_") :] for n in dir(pynvml) if n.startswith("NVML_ERROR_")
+}
+UNSUPPORTED = {
+    pynvml.NVML_ERROR_NOT_SUPPORTED,
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+    pynvml.NVML_ERROR_NO_PERMISSION,
+    getattr(pynvml, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25),
+}
+DEVICE_LOST = {
+    pynvml.NVML_ERROR_GPU_IS_LOST,
+    pynvml.NVML_ERROR_RESET_REQUIRED,
+    getattr(pynvml, "NVML_ERROR_GPU_NOT_FOUND", 28),
+}
+NO_LIBRARY = {
+    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+    pynvml.NVML_ERROR_UNINITIALIZED,
+    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+}
+NO_GPU_REASONS = {
+    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: "NVML library libnvidia-ml.so.1 not found "
+    "(no NVIDIA driver installed, or set OTEL_GPU_NVML_LIBRARY)",
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED: "NVIDIA driver not loaded",
+    pynvml.NVML_ERROR_NO_PERMISSION: "no permission to use NVML (check access to /dev/nvidia*)",
+    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "NVML library and kernel driver versions differ "
+    "(reload the driver or reboot)",
+}
+
+
+def function(*names: str) -> Callable[..., Any] | None:
+    """The first pynvml function of ``names`` this pynvml version has (None: metric off)."""
+    return next((getattr(pynvml, n) for n in names if hasattr(pynvml, n)), None)
+
+
+def pct(v: Any) -> float:
+    return v / 100.0
+
+
+def _milli(v: Any) -> float:
+    return v / 1000.0
+
+
+def _mhz(v: Any) -> float:
+    return v * 1e6
+
+
+def _kib(v: Any) -> float:
+    return v * 1024.0  # NVML reports PCIe throughput in KB/s with 1 KiB granularity
+
+
+# Simple per-device metrics: (metric, GpuSample field, pynvml function, extra args, converter).
+SCALARS: tuple[tuple[str, str, Callable[..., Any] | None, tuple[int, ...], Callable], ...] = (
+    ("power", "power_w", function("nvmlDeviceGetPowerUsage"), (), _milli),
+    ("power_limit", "power_limit_w", function("nvmlDeviceGetEnforcedPowerLimit"), (), _milli),
+    ("energy", "energy_j", function("nvmlDeviceGetTotalEnergyConsumption"), (), _milli),
+    (
+        "encoder",
+        "util_encoder",
+        function("nvmlDeviceGetEncoderUtilization"),
+        (),
+        lambda v: v[0] / 100,
+    ),
+    (
+        "decoder",
+        "util_decoder",
+        function("nvmlDeviceGetDecoderUtilization"),
+        (),
+        lambda v: v[0] / 100,
+    ),
+    ("clock_graphics", "clock_graphics_hz", function("nvmlDeviceGetClockInfo"), (0,), _mhz),
+    ("clock_sm", "clock_sm_hz", function("nvmlDeviceGetClockInfo"), (1,), _mhz),
+    ("clock_mem", "clock_mem_hz", function("nvmlDeviceGetClockInfo"), (2,), _mhz),
+    ("pcie_tx", "pcie_tx_bytes_per_s", function("nvmlDeviceGetPcieThroughput"), (0,), _kib),
+    ("pcie_rx", "pcie_rx_bytes_per_s", function("nvmlDeviceGetPcieThroughput"), (1,), _kib),
+    # (memory error type, counter type): corrected/uncorrected, volatile (since driver load)
+    ("ecc_corrected", "ecc_corrected", function("nvmlDeviceGetTotalEccErrors"), (0, 0), int),
+    ("ecc_uncorrected", "ecc_uncorrected", function("nvmlDeviceGetTotalEccErrors"), (1, 0), int),
+    (
+        "throttle",
+        "throttle_reasons",
+        function(
+            "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"
+        ),
+        (),
+        int,
+    ),
+    ("mig", "mig_mode", function("nvmlDeviceGetMigMode"), (), lambda v: bool(v[0])),
+)
+# Alternatives, newest first: (metric, pynvml function, extra args); the first supported wins.
+Alternatives = tuple[tuple[str, Callable[..., Any] | None, tuple[Any, ...]], ...]
+MEMORY: Alternatives = (
+    ("memory_v2", pynvml.nvmlDeviceGetMemoryInfo, (getattr(pynvml, "nvmlMemory_v2", None),)),
+    ("memory", pynvml.nvmlDeviceGetMemoryInfo, ()),
+)
+TEMPERATURE: Alternatives = (
+    ("temperature_v", function("nvmlDeviceGetTemperatureV"), (0,)),  # NVML_TEMPERATURE_GPU
+    ("temperature", function("nvmlDeviceGetTemperature"), (0,)),
+)
+
+
+PROCESS_INFO = struct.Struct("=I4xQII")  # nvmlProcessInfo_t (v2/v3 entry), 24 bytes
+NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE for usedGpuMemory
+
+
+def compute_processes(handle: Any) -> list[tuple[int, int | None]]:
+    """(pid, used GPU bytes or None) of the compute processes on a device.
+
+    NVML's two-call protocol, done here rather than by pynvml's
+    ``nvmlDeviceGetComputeRunningProcesses`` because that builds a Python object per process:
+    for 8 GPUs x 64 processes it was 70 % of a sweep. The entry layout is pinned by tests
+    against pynvml's ``c_nvmlProcessInfo_v3_t``.
+    """
+    get_function = getattr(pynvml, "_nvmlGetFunctionPointer", None)
+    if get_function is None:  # a pynvml without it: its own (slower) implementation
+        listed = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        return [(p.pid, p.usedGpuMemory) for p in listed]
+    fn = get_function("nvmlDeviceGetComputeRunningProcesses_v3")
+    count = ctypes.c_uint(0)
+    ret = fn(handle, ctypes.byref(count), None)
+    if ret == pynvml.NVML_SUCCESS:
+        return []
+    if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+        raise pynvml.NVMLError(ret)
+    count.value = count.value * 2 + 5  # room for processes that start between the two calls
+    entries = ctypes.create_string_buffer(PROCESS_INFO.size * count.value)
+    ret = fn(handle, ctypes.byref(count), entries)
+    if ret != pynvml.NVML_SUCCESS:
+        raise pynvml.NVMLError(ret)
+    raw = entries.raw[: PROCESS_INFO.size * count.value]
+    return [
+        (pid, None if used == NOT_AVAILABLE else used)
+        for pid, used, _gi, _ci in PROCESS_INFO.iter_unpack(raw)
+    ]
+
+
+def text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def bind_library(path: str) -> None:
+    """Make pynvml use the libnvidia-ml at ``path`` (pynvml otherwise loads it by name)."""
+    lib = ctypes.CDLL(path)
+    with pynvml.libLoadLock:
+        current = pynvml.nvmlLib
+        if current is None or getattr(current, "_handle", None) != lib._handle:
+            pynvml.nvmlLib = lib
+            pynvml._nvmlGetFunctionPointer_cache.clear()
+
+
+class LibraryGone(Exception):
+    """NVML as a whole is unusable (no driver, uninitialized): back to "no GPU" mode."""
+
+    def __init__(self, code: int):
+        self.code = code
+
+
+class DeviceFailed(Exception):
+    """The device is lost; skip its remaining calls this sweep."""
+
+
+@dataclass
+class Device:
+    """One selected GPU and what NvmlSource remembers about it between sweeps."""
+
+    index: int  # NVML index (PCI bus order)
+    handle: Any
+    uuid: str
+    name: str | None
+    address: int | None  # handle pointer value, to map events to devices
+    disabled: set[str] = field(default_factory=set)
+    lost: bool = False
+    probing: bool = False  # a lost device being read again to see whether it is back
+    probe_at: float = 0.0
+    xid_count: int | None = None  # None: Xid events not available on this device
+    util_seen_us: int = 0  # newest process-utilization sample timestamp seen (NVML µs)
+    util_last: dict[int, tuple[float | None, float | None]] = field(default_factory=dict)
+    util_at: float = 0.0  # time.monotonic() when util_last was read
+
+
+@dataclass
+class Sweep:
+    """What one sweep gathered; the caller may read it while an abandoned sweep still runs."""
+
+    fields: dict[int, dict[str, Any]] = field(default_factory=dict)
+    processes: list[GpuProcessSample] = field(default_factory=list)
+    library_error: int | None = None

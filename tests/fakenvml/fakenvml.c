@@ -1,0 +1,1256 @@
+/*
+ * fakenvml: a fake libnvidia-ml.so.1 for GPU-free tests of the real pynvml code path.
+ *
+ * Build (tests/fakenvml/build.py does this):
+ *   cc -shared -fPIC -O2 -Wall -Werror -Wl,-soname,libnvidia-ml.so.1 fakenvml.c \
+ *      -o libnvidia-ml.so.1 -lpthread
+ * ABI proof: the same file compiles with -DFAKENVML_REAL_NVML_H -I<dir of NVIDIA's nvml.h>;
+ * every function definition then must match NVIDIA's prototype, and the static asserts below
+ * pin struct sizes, offsets and constants to the values pynvml's ctypes structs use.
+ *
+ * Scenario file: named by $FAKE_NVML_SCENARIO (no variable: one default GPU). Re-read when its
+ * inode, size or mtime changes (checked at most every 10 ms, and at every nvmlInit*; tests can
+ * force it with fakenvml_reload()). A reload keeps t0 only when the file sets it, and restarts
+ * the per-call counters that fail/delay rules use. A file that does not parse keeps the
+ * previous scenario (the error goes to stderr and fakenvml_last_error()); at init it fails
+ * nvmlInit with NVML_ERROR_UNKNOWN.
+ *
+ *   # comment; one "key = value" per line; later lines win
+ *   devices = 2                       # GPU count, 0..64 (default 1)
+ *   t0 = 1764410000.25                # time origin, Unix s, for ramps, steps, from=/to= and
+ *                                     # xid @T (default: when the file was loaded)
+ *   driver_version = 550.54.15
+ *   cuda_driver_version = 12040       # as NVML returns it: 1000*major + 10*minor
+ *   nvml_version = 12.550.54.15
+ *   gpu.<i|*>.<field> = VALUE         # per GPU (i) or all GPUs (*)
+ *   fail.<symbol|*>[.<i|*>] = CODE [after=N] [until=N] [every=N] [from=S] [to=S]
+ *   delay.<symbol|*>[.<i|*>] = MS [after=N] [until=N] [every=N] [from=S] [to=S]
+ *
+ * String fields: name, uuid, pci_bus_id. Number fields (VALUE below), NVML's own units:
+ *   memory.total, memory.used (bytes; "used" as in nvmlMemory_t, i.e. including reserved),
+ *   memory.reserved; util.gpu, util.memory, util.encoder, util.decoder (%); temperature (C);
+ *   power.usage, power.limit (mW); energy (mJ); clock.graphics, clock.sm, clock.mem,
+ *   clock.video (MHz); pcie.tx, pcie.rx (KB/s); ecc.corrected, ecc.uncorrected (volatile
+ *   totals); mig, mig.pending (0/1); clocks_event_reasons, supported_events (bitmasks, 0x ok).
+ * VALUE:
+ *   42                constant
+ *   1e9+2e6/s         ramp: 1e9 + 2e6 * (seconds since t0); "-" slopes too
+ *   steps 0:10 30:50+1/s 60:20
+ *                     piecewise: segment i from T_i seconds after t0 (a ramp in a segment
+ *                     counts from its T_i); before the first T, the first segment
+ * List fields:
+ *   processes = PID:USED ...          compute processes (v3 two-call protocol); USED is bytes,
+ *                                     a ramp, or "na" (NVML_VALUE_NOT_AVAILABLE, 2^64-1)
+ *   process_util = PID:SM:MEM[:ENC:DEC] ...   one sample per period per PID (%)
+ *   process_util.period_ms = 1000     the newest sample is stamped t0 + a whole number of
+ *                                     periods (µs); lastSeenTimeStamp >= it gives NOT_FOUND
+ *   xid = CODE[@S] ...                Xid events, pending from S seconds after t0 (default 0),
+ *                                     each delivered once by nvmlEventSetWait_v2 to sets that
+ *                                     registered type 0x8 on that GPU; delivery state survives
+ *                                     reloads of the same path, so appending delivers only new
+ *
+ * Rules: <symbol> is the exported NVML name (nvmlDeviceGetPowerUsage) or * (every symbol).
+ * Without a GPU part a rule matches every call of the symbol; with one, only calls on that GPU
+ * (nvmlDeviceGetHandleByIndex_v2 counts as a call on GPU <index>). Call k (1-based, per symbol
+ * and GPU, since the last reload) matches when k > after, k <= until (if set),
+ * (k - after) % every == 0 (if set) and from <= now-t0 < to (if set). The first matching fail
+ * rule and the first matching delay rule apply: the call sleeps MS milliseconds (without
+ * holding any lock: a hung call), then returns CODE. CODE is an NVML error name without the
+ * NVML_ERROR_ prefix (GPU_IS_LOST, NOT_SUPPORTED, TIMEOUT, DRIVER_NOT_LOADED, ...), a number,
+ * or ABORT (the process aborts, like a driver crash).
+ *
+ * Extra exports for tests (ctypes): fakenvml_call_count(symbol) (all GPUs; "*" = all symbols),
+ * fakenvml_call_count_dev(symbol, gpu) (gpu -1 = calls without a device), fakenvml_reset_counts(),
+ * fakenvml_reload() (0 or -1), fakenvml_last_error(). With $FAKE_NVML_STATS set, the counts are
+ * written there ("symbol gpu count" lines) when the last nvmlShutdown runs and at exit.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef FAKENVML_REAL_NVML_H
+#define NVML_NO_UNVERSIONED_FUNC_DEFS
+#include <nvml.h>
+#else
+#include "fakenvml_types.h"
+#endif
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* ---- ABI pins: the numbers pynvml's ctypes structs use (checked against nvml.h too) ---- */
+_Static_assert(sizeof(nvmlMemory_t) == 24, "nvmlMemory_t");
+_Static_assert(sizeof(nvmlMemory_v2_t) == 40, "nvmlMemory_v2_t");
+_Static_assert(offsetof(nvmlMemory_v2_t, total) == 8, "nvmlMemory_v2_t.total");
+_Static_assert(offsetof(nvmlMemory_v2_t, used) == 32, "nvmlMemory_v2_t.used");
+_Static_assert(nvmlMemory_v2 == 0x02000028, "nvmlMemory_v2 version word");
+_Static_assert(sizeof(nvmlUtilization_t) == 8, "nvmlUtilization_t");
+_Static_assert(sizeof(nvmlTemperature_v1_t) == 12, "nvmlTemperature_v1_t");
+_Static_assert(offsetof(nvmlTemperature_v1_t, temperature) == 8, "temperature offset");
+_Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t");
+_Static_assert(offsetof(nvmlPciInfo_t, busId) == 36, "nvmlPciInfo_t.busId");
+_Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t (v2/v3 entry)");
+_Static_assert(offsetof(nvmlProcessInfo_t, usedGpuMemory) == 8, "usedGpuMemory offset");
+_Static_assert(offsetof(nvmlProcessInfo_t, computeInstanceId) == 20, "computeInstanceId");
+_Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "process utilization sample");
+_Static_assert(offsetof(nvmlProcessUtilizationSample_t, timeStamp) == 8, "timeStamp offset");
+_Static_assert(offsetof(nvmlProcessUtilizationSample_t, decUtil) == 28, "decUtil offset");
+_Static_assert(sizeof(nvmlEventData_t) == 32, "nvmlEventData_t");
+_Static_assert(offsetof(nvmlEventData_t, eventData) == 16, "eventData offset");
+_Static_assert(nvmlEventTypeXidCriticalError == 0x8, "Xid event type");
+_Static_assert(NVML_ERROR_GPU_IS_LOST == 15 && NVML_ERROR_NOT_SUPPORTED == 3 &&
+                   NVML_ERROR_TIMEOUT == 10 && NVML_ERROR_DRIVER_NOT_LOADED == 9 &&
+                   NVML_ERROR_INSUFFICIENT_SIZE == 7 && NVML_ERROR_NOT_FOUND == 6 &&
+                   NVML_ERROR_UNKNOWN == 999,
+               "error codes");
+
+#define FK_MAX_GPUS 64
+#define FK_MAX_SEG 8
+#define FK_MAX_RULES 128
+#define FK_MAX_XID 64
+#define FK_MAX_SETS 32
+#define FK_NOT_AVAILABLE 0xFFFFFFFFFFFFFFFFULL
+
+/* Every exported NVML symbol, for call counting and rules. */
+#define FK_SYMBOLS(X)                                                                             \
+    X(nvmlInit_v2) X(nvmlInitWithFlags) X(nvmlShutdown) X(nvmlErrorString)                        \
+    X(nvmlSystemGetDriverVersion) X(nvmlSystemGetNVMLVersion) X(nvmlSystemGetCudaDriverVersion)   \
+    X(nvmlSystemGetCudaDriverVersion_v2) X(nvmlDeviceGetCount_v2) X(nvmlDeviceGetHandleByIndex_v2) \
+    X(nvmlDeviceGetHandleByUUID) X(nvmlDeviceGetIndex) X(nvmlDeviceGetName) X(nvmlDeviceGetUUID)   \
+    X(nvmlDeviceGetPciInfo_v3) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2)            \
+    X(nvmlDeviceGetUtilizationRates) X(nvmlDeviceGetEncoderUtilization)                           \
+    X(nvmlDeviceGetDecoderUtilization) X(nvmlDeviceGetTemperature) X(nvmlDeviceGetTemperatureV)   \
+    X(nvmlDeviceGetPowerUsage) X(nvmlDeviceGetEnforcedPowerLimit)                                 \
+    X(nvmlDeviceGetTotalEnergyConsumption) X(nvmlDeviceGetClockInfo)                              \
+    X(nvmlDeviceGetPcieThroughput) X(nvmlDeviceGetTotalEccErrors) X(nvmlDeviceGetMigMode)         \
+    X(nvmlDeviceGetCurrentClocksEventReasons) X(nvmlDeviceGetComputeRunningProcesses_v3)          \
+    X(nvmlDeviceGetProcessUtilization) X(nvmlDeviceGetSupportedEventTypes) X(nvmlEventSetCreate)  \
+    X(nvmlDeviceRegisterEvents) X(nvmlEventSetWait_v2) X(nvmlEventSetFree)
+
+#define FK_ENUM(name) SYM_##name,
+#define FK_NAME(name) #name,
+enum { FK_SYMBOLS(FK_ENUM) FK_NSYM };
+static const char *const fk_sym_names[FK_NSYM] = {FK_SYMBOLS(FK_NAME)};
+
+static const struct {
+    const char *name;
+    nvmlReturn_t code;
+    const char *text;
+} fk_errors[] = {
+    {"SUCCESS", NVML_SUCCESS, "Success"},
+    {"UNINITIALIZED", NVML_ERROR_UNINITIALIZED, "Uninitialized"},
+    {"INVALID_ARGUMENT", NVML_ERROR_INVALID_ARGUMENT, "Invalid Argument"},
+    {"NOT_SUPPORTED", NVML_ERROR_NOT_SUPPORTED, "Not Supported"},
+    {"NO_PERMISSION", NVML_ERROR_NO_PERMISSION, "Insufficient Permissions"},
+    {"ALREADY_INITIALIZED", NVML_ERROR_ALREADY_INITIALIZED, "Already Initialized"},
+    {"NOT_FOUND", NVML_ERROR_NOT_FOUND, "Not Found"},
+    {"INSUFFICIENT_SIZE", NVML_ERROR_INSUFFICIENT_SIZE, "Insufficient Size"},
+    {"INSUFFICIENT_POWER", NVML_ERROR_INSUFFICIENT_POWER, "Insufficient External Power"},
+    {"DRIVER_NOT_LOADED", NVML_ERROR_DRIVER_NOT_LOADED, "Driver Not Loaded"},
+    {"TIMEOUT", NVML_ERROR_TIMEOUT, "Timeout"},
+    {"IRQ_ISSUE", NVML_ERROR_IRQ_ISSUE, "Interrupt Request Issue"},
+    {"LIBRARY_NOT_FOUND", NVML_ERROR_LIBRARY_NOT_FOUND, "NVML Shared Library Not Found"},
+    {"FUNCTION_NOT_FOUND", NVML_ERROR_FUNCTION_NOT_FOUND, "Function Not Found"},
+    {"CORRUPTED_INFOROM", NVML_ERROR_CORRUPTED_INFOROM, "Corrupted infoROM"},
+    {"GPU_IS_LOST", NVML_ERROR_GPU_IS_LOST, "GPU is lost"},
+    {"RESET_REQUIRED", NVML_ERROR_RESET_REQUIRED, "GPU requires restart"},
+    {"OPERATING_SYSTEM", NVML_ERROR_OPERATING_SYSTEM, "The operating system has blocked the request."},
+    {"LIB_RM_VERSION_MISMATCH", NVML_ERROR_LIB_RM_VERSION_MISMATCH, "RM has detected an NVML/RM version mismatch."},
+    {"IN_USE", NVML_ERROR_IN_USE, "In use by another client"},
+    {"MEMORY", NVML_ERROR_MEMORY, "Insufficient Memory"},
+    {"NO_DATA", NVML_ERROR_NO_DATA, "No data"},
+    {"INSUFFICIENT_RESOURCES", NVML_ERROR_INSUFFICIENT_RESOURCES, "Insufficient resources"},
+    {"ARGUMENT_VERSION_MISMATCH", NVML_ERROR_ARGUMENT_VERSION_MISMATCH, "Argument version mismatch"},
+    {"NOT_READY", NVML_ERROR_NOT_READY, "Not ready"},
+    {"GPU_NOT_FOUND", NVML_ERROR_GPU_NOT_FOUND, "GPU not found"},
+    {"UNKNOWN", NVML_ERROR_UNKNOWN, "Unknown Error"},
+};
+#define FK_NERRORS (sizeof(fk_errors) / sizeof(fk_errors[0]))
+#define FK_ABORT (-1)
+
+typedef struct {
+    double t, base, slope; /* value = base + slope * (now - t0 - t) from t on */
+} fk_seg;
+
+typedef struct {
+    int nseg;
+    fk_seg seg[FK_MAX_SEG];
+} fk_value;
+
+typedef struct {
+    unsigned int pid;
+    int na;
+    fk_seg used;
+} fk_proc;
+
+typedef struct {
+    unsigned int pid, sm, mem, enc, dec;
+} fk_putil;
+
+typedef struct {
+    unsigned long long code;
+    double t;
+} fk_xid;
+
+/* Number fields, in the order of fk_field_names. */
+enum {
+    F_MEM_TOTAL, F_MEM_USED, F_MEM_RESERVED, F_UTIL_GPU, F_UTIL_MEM, F_UTIL_ENC, F_UTIL_DEC,
+    F_TEMP, F_POWER, F_POWER_LIMIT, F_ENERGY, F_CLK_GRAPHICS, F_CLK_SM, F_CLK_MEM, F_CLK_VIDEO,
+    F_PCIE_TX, F_PCIE_RX, F_ECC_CORR, F_ECC_UNCORR, F_MIG, F_MIG_PENDING, F_REASONS,
+    F_SUPPORTED_EVENTS, F_PUTIL_PERIOD, F_NFIELDS
+};
+static const char *const fk_field_names[F_NFIELDS] = {
+    "memory.total", "memory.used", "memory.reserved", "util.gpu", "util.memory",
+    "util.encoder", "util.decoder", "temperature", "power.usage", "power.limit", "energy",
+    "clock.graphics", "clock.sm", "clock.mem", "clock.video", "pcie.tx", "pcie.rx",
+    "ecc.corrected", "ecc.uncorrected", "mig", "mig.pending", "clocks_event_reasons",
+    "supported_events", "process_util.period_ms"};
+static const double fk_field_defaults[F_NFIELDS] = {
+    85899345920.0, 1073741824.0, 536870912.0, 0, 0, 0, 0, 35, 70000, 700000, 1000000,
+    1980, 1980, 2619, 1755, 0, 0, 0, 0, 0, 0, 0, 0xF, 1000};
+
+typedef struct {
+    char name[96], uuid[96], bus_id[32];
+    fk_value f[F_NFIELDS];
+    int nproc, nputil, nxid;
+    fk_proc *procs;
+    fk_putil *putil;
+    fk_xid xid[FK_MAX_XID];
+} fk_dev;
+
+typedef struct {
+    int fail; /* 1: fail rule, 0: delay rule */
+    int sym;  /* -1: every symbol */
+    int dev;  /* -1: any GPU (and calls without one) */
+    int code; /* NVML code or FK_ABORT */
+    long delay_ms;
+    unsigned long long after, until, every;
+    double from, to;
+    int has_until, has_from, has_to;
+} fk_rule;
+
+typedef struct {
+    int ndev;
+    double t0;
+    char driver[80], nvml_version[80];
+    int cuda_version;
+    fk_dev dev[FK_MAX_GPUS];
+    int nrules;
+    fk_rule rules[FK_MAX_RULES];
+} fk_scenario;
+
+struct nvmlDevice_st {
+    int index;
+};
+struct nvmlEventSet_st {
+    int in_use;
+    unsigned long long types[FK_MAX_GPUS];
+};
+
+static pthread_mutex_t fk_mu = PTHREAD_MUTEX_INITIALIZER;
+static fk_scenario *S;                 /* current scenario, replaced whole on reload */
+static int fk_init_refs;               /* nvmlInit* minus nvmlShutdown */
+static char fk_path[4096];             /* scenario path last loaded ("" = none) */
+static struct stat fk_stat;            /* identity of the loaded file */
+static long long fk_last_check_ns;     /* monotonic coarse, throttles stat() */
+static char fk_error[512];             /* last scenario error */
+static struct nvmlDevice_st fk_handles[FK_MAX_GPUS];
+static struct nvmlEventSet_st fk_sets[FK_MAX_SETS];
+static int fk_xid_delivered[FK_MAX_GPUS];
+static unsigned long long fk_load_count[FK_NSYM][FK_MAX_GPUS + 1]; /* since reload, for rules */
+static unsigned long long fk_total_count[FK_NSYM][FK_MAX_GPUS + 1]; /* for tests */
+static int fk_atexit_registered;
+
+static double fk_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static long long fk_mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void fk_sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+static double fk_eval(const fk_value *v, double rel) {
+    int i = 0;
+    while (i + 1 < v->nseg && v->seg[i + 1].t <= rel) i++;
+    const fk_seg *s = &v->seg[i];
+    return s->base + s->slope * (rel - s->t);
+}
+
+/* Non-negative value of a number field, rounded, clamped to the type's range. */
+static unsigned long long fk_u64(const fk_dev *d, int field) {
+    double v = fk_eval(&d->f[field], fk_now() - S->t0);
+    if (!(v > 0)) return 0;
+    if (v >= 18446744073709549568.0) return FK_NOT_AVAILABLE - 1;
+    return (unsigned long long)(v + 0.5);
+}
+
+static unsigned int fk_u32(const fk_dev *d, int field) {
+    unsigned long long v = fk_u64(d, field);
+    return v > 0xFFFFFFFFULL ? 0xFFFFFFFFU : (unsigned int)v;
+}
+
+/* ---------------------------------- scenario parsing ---------------------------------- */
+
+static char *fk_trim(char *s) {
+    while (*s == ' ' || *s == '\t') s++;
+    char *e = s + strlen(s);
+    while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r' || e[-1] == '\n')) *--e = 0;
+    return s;
+}
+
+/* Parses "BASE[(+|-)SLOPE/s]"; returns the end or NULL. */
+static const char *fk_parse_seg(const char *p, fk_seg *seg) {
+    char *end;
+    seg->base = strtod(p, &end);
+    if (end == p) return NULL;
+    seg->slope = 0;
+    p = end;
+    while (*p == ' ') p++;
+    if (*p == '+' || *p == '-') {
+        const char *q = p + (*p == '+');
+        seg->slope = strtod(q, &end);
+        if (end == q) return NULL;
+        p = end;
+        while (*p == ' ') p++;
+        if (p[0] != '/' || p[1] != 's') return NULL;
+        p += 2;
+    }
+    return p;
+}
+
+static int fk_parse_value(char *text, fk_value *v) {
+    memset(v, 0, sizeof(*v));
+    if (strncmp(text, "steps", 5) == 0 && (text[5] == ' ' || text[5] == '\t')) {
+        char *save = NULL;
+        for (char *tok = strtok_r(text + 5, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
+            if (v->nseg == FK_MAX_SEG) return -1;
+            char *colon = strchr(tok, ':');
+            if (!colon) return -1;
+            *colon = 0;
+            char *end;
+            double t = strtod(tok, &end);
+            if (end == tok || *end) return -1;
+            fk_seg *s = &v->seg[v->nseg];
+            const char *rest = fk_parse_seg(colon + 1, s);
+            if (!rest || *rest) return -1;
+            if (v->nseg && t <= v->seg[v->nseg - 1].t) return -1;
+            s->t = t;
+            v->nseg++;
+        }
+        return v->nseg ? 0 : -1;
+    }
+    const char *rest = fk_parse_seg(text, &v->seg[0]);
+    if (!rest || *rest) return -1;
+    v->nseg = 1;
+    return 0;
+}
+
+static int fk_code_by_name(const char *s, int *code) {
+    if (strcmp(s, "ABORT") == 0) {
+        *code = FK_ABORT;
+        return 0;
+    }
+    const char *n = strncmp(s, "NVML_ERROR_", 11) == 0 ? s + 11 : s;
+    for (size_t i = 0; i < FK_NERRORS; i++)
+        if (strcmp(n, fk_errors[i].name) == 0) {
+            *code = (int)fk_errors[i].code;
+            return 0;
+        }
+    char *end;
+    long v = strtol(s, &end, 0);
+    if (end == s || *end) return -1;
+    *code = (int)v;
+    return 0;
+}
+
+static int fk_sym_by_name(const char *s) {
+    if (strcmp(s, "*") == 0) return -1;
+    for (int i = 0; i < FK_NSYM; i++)
+        if (strcmp(s, fk_sym_names[i]) == 0) return i;
+    return -2;
+}
+
+static void fk_default_dev(fk_dev *d, int i) {
+    memset(d, 0, sizeof(*d));
+    snprintf(d->name, sizeof d->name, "NVIDIA H100 80GB HBM3");
+    snprintf(d->uuid, sizeof d->uuid, "GPU-fa4e0000-0000-4000-8000-%012x", i);
+    snprintf(d->bus_id, sizeof d->bus_id, "00000000:%02X:00.0", (0x18 + i * 0x10) & 0xFF);
+    for (int f = 0; f < F_NFIELDS; f++) {
+        d->f[f].nseg = 1;
+        d->f[f].seg[0].base = fk_field_defaults[f];
+    }
+    /* Energy grows with the default power (70 W = 70000 mJ/s), as on a real GPU. */
+    d->f[F_ENERGY].seg[0].slope = fk_field_defaults[F_POWER];
+}
+
+static void fk_free_scenario(fk_scenario *s) {
+    if (!s) return;
+    for (int i = 0; i < FK_MAX_GPUS; i++) {
+        free(s->dev[i].procs);
+        free(s->dev[i].putil);
+    }
+    free(s);
+}
+
+static int fk_count_tokens(const char *s) {
+    int n = 0, in = 0;
+    for (; *s; s++) {
+        int ws = *s == ' ' || *s == '\t';
+        if (!ws && !in) n++;
+        in = !ws;
+    }
+    return n;
+}
+
+static int fk_parse_list(fk_dev *d, const char *field, char *val) {
+    int n = fk_count_tokens(val);
+    char *save = NULL;
+    if (strcmp(field, "processes") == 0) {
+        free(d->procs);
+        d->procs = calloc((size_t)(n ? n : 1), sizeof(fk_proc));
+        d->nproc = 0;
+        for (char *tok = strtok_r(val, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
+            fk_proc *p = &d->procs[d->nproc];
+            char *colon = strchr(tok, ':'), *end;
+            if (!colon) return -1;
+            *colon = 0;
+            p->pid = (unsigned int)strtoul(tok, &end, 10);
+            if (end == tok || *end) return -1;
+            if (strcmp(colon + 1, "na") == 0) {
+                p->na = 1;
+            } else {
+                const char *rest = fk_parse_seg(colon + 1, &p->used);
+                if (!rest || *rest) return -1;
+            }
+            d->nproc++;
+        }
+        return 0;
+    }
+    if (strcmp(field, "process_util") == 0) {
+        free(d->putil);
+        d->putil = calloc((size_t)(n ? n : 1), sizeof(fk_putil));
+        d->nputil = 0;
+        for (char *tok = strtok_r(val, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
+            fk_putil *u = &d->putil[d->nputil];
+            int got = sscanf(tok, "%u:%u:%u:%u:%u", &u->pid, &u->sm, &u->mem, &u->enc, &u->dec);
+            if (got != 3 && got != 5) return -1;
+            d->nputil++;
+        }
+        return 0;
+    }
+    if (strcmp(field, "xid") == 0) {
+        d->nxid = 0;
+        for (char *tok = strtok_r(val, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
+            if (d->nxid == FK_MAX_XID) return -1;
+            fk_xid *x = &d->xid[d->nxid];
+            char *end;
+            x->code = strtoull(tok, &end, 0);
+            x->t = 0;
+            if (end == tok) return -1;
+            if (*end == '@') {
+                char *q = end + 1;
+                x->t = strtod(q, &end);
+                if (end == q) return -1;
+            }
+            if (*end) return -1;
+            d->nxid++;
+        }
+        return 0;
+    }
+    return 1; /* not a list field */
+}
+
+static int fk_set_dev_field(fk_dev *d, const char *field, const char *val) {
+    if (strcmp(field, "name") == 0) {
+        snprintf(d->name, sizeof d->name, "%s", val);
+        return 0;
+    }
+    if (strcmp(field, "uuid") == 0) {
+        snprintf(d->uuid, sizeof d->uuid, "%s", val);
+        return 0;
+    }
+    if (strcmp(field, "pci_bus_id") == 0) {
+        snprintf(d->bus_id, sizeof d->bus_id, "%s", val);
+        return 0;
+    }
+    char *buf = strdup(val); /* the parsers cut their copy into tokens */
+    int r = buf ? fk_parse_list(d, field, buf) : -1;
+    for (int f = 0; r == 1 && f < F_NFIELDS; f++)
+        if (strcmp(field, fk_field_names[f]) == 0) {
+            strcpy(buf, val);
+            r = fk_parse_value(buf, &d->f[f]);
+        }
+    free(buf);
+    return r == 1 ? -2 : r;
+}
+
+static int fk_parse_rule(fk_scenario *s, int fail, char *target, char *val) {
+    if (s->nrules == FK_MAX_RULES) return -1;
+    fk_rule *r = &s->rules[s->nrules];
+    memset(r, 0, sizeof(*r));
+    r->fail = fail;
+    r->dev = -1;
+    char *dot = strchr(target, '.');
+    if (dot) {
+        *dot = 0;
+        if (strcmp(dot + 1, "*") != 0) {
+            char *end;
+            r->dev = (int)strtol(dot + 1, &end, 10);
+            if (end == dot + 1 || *end || r->dev < 0 || r->dev >= FK_MAX_GPUS) return -1;
+        }
+    }
+    r->sym = fk_sym_by_name(target);
+    if (r->sym == -2) return -1;
+    char *save = NULL;
+    char *tok = strtok_r(val, " \t", &save);
+    if (!tok) return -1;
+    if (fail) {
+        if (fk_code_by_name(tok, &r->code) != 0) return -1;
+    } else {
+        char *end;
+        r->delay_ms = strtol(tok, &end, 10);
+        if (end == tok || *end || r->delay_ms < 0) return -1;
+    }
+    while ((tok = strtok_r(NULL, " \t", &save))) {
+        char *eq = strchr(tok, '='), *end;
+        if (!eq) return -1;
+        *eq = 0;
+        const char *v = eq + 1;
+        if (strcmp(tok, "after") == 0) {
+            r->after = strtoull(v, &end, 10);
+        } else if (strcmp(tok, "until") == 0) {
+            r->until = strtoull(v, &end, 10);
+            r->has_until = 1;
+        } else if (strcmp(tok, "every") == 0) {
+            r->every = strtoull(v, &end, 10);
+        } else if (strcmp(tok, "from") == 0) {
+            r->from = strtod(v, &end);
+            r->has_from = 1;
+        } else if (strcmp(tok, "to") == 0) {
+            r->to = strtod(v, &end);
+            r->has_to = 1;
+        } else {
+            return -1;
+        }
+        if (end == v || *end) return -1;
+    }
+    s->nrules++;
+    return 0;
+}
+
+/* Parses the file into a new scenario; on error sets fk_error and returns NULL. */
+static fk_scenario *fk_parse_file(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(fk_error, sizeof fk_error, "fakenvml: cannot read scenario %s: %s", path,
+                 strerror(errno));
+        return NULL;
+    }
+    fk_scenario *s = calloc(1, sizeof(fk_scenario));
+    s->ndev = 1;
+    s->t0 = fk_now();
+    snprintf(s->driver, sizeof s->driver, "550.54.15");
+    snprintf(s->nvml_version, sizeof s->nvml_version, "12.550.54.15");
+    s->cuda_version = 12040;
+    for (int i = 0; i < FK_MAX_GPUS; i++) fk_default_dev(&s->dev[i], i);
+    char *line = NULL;
+    size_t cap = 0;
+    int lineno = 0, bad = 0;
+    while (!bad && getline(&line, &cap, f) >= 0) {
+        lineno++;
+        char *hash = strchr(line, '#');
+        if (hash) *hash = 0;
+        char *l = fk_trim(line);
+        if (!*l) continue;
+        char *eq = strchr(l, '=');
+        if (!eq) {
+            bad = 1;
+            break;
+        }
+        *eq = 0;
+        char *key = fk_trim(l), *val = fk_trim(eq + 1), *end;
+        if (strcmp(key, "devices") == 0) {
+            s->ndev = (int)strtol(val, &end, 10);
+            bad = end == val || *end || s->ndev < 0 || s->ndev > FK_MAX_GPUS;
+        } else if (strcmp(key, "t0") == 0) {
+            s->t0 = strtod(val, &end);
+            bad = end == val || *end;
+        } else if (strcmp(key, "driver_version") == 0) {
+            snprintf(s->driver, sizeof s->driver, "%s", val);
+        } else if (strcmp(key, "nvml_version") == 0) {
+            snprintf(s->nvml_version, sizeof s->nvml_version, "%s", val);
+        } else if (strcmp(key, "cuda_driver_version") == 0) {
+            s->cuda_version = (int)strtol(val, &end, 10);
+            bad = end == val || *end;
+        } else if (strncmp(key, "gpu.", 4) == 0) {
+            char *dot = strchr(key + 4, '.');
+            if (!dot) {
+                bad = 1;
+                break;
+            }
+            *dot = 0;
+            int lo = 0, hi = FK_MAX_GPUS - 1;
+            if (strcmp(key + 4, "*") != 0) {
+                lo = hi = (int)strtol(key + 4, &end, 10);
+                if (end == key + 4 || *end || lo < 0 || lo >= FK_MAX_GPUS) {
+                    bad = 1;
+                    break;
+                }
+            }
+            for (int i = lo; i <= hi && !bad; i++) bad = fk_set_dev_field(&s->dev[i], dot + 1, val) != 0;
+        } else if (strncmp(key, "fail.", 5) == 0) {
+            bad = fk_parse_rule(s, 1, key + 5, val) != 0;
+        } else if (strncmp(key, "delay.", 6) == 0) {
+            bad = fk_parse_rule(s, 0, key + 6, val) != 0;
+        } else {
+            bad = 1;
+        }
+    }
+    free(line);
+    fclose(f);
+    if (bad) {
+        snprintf(fk_error, sizeof fk_error, "fakenvml: %s:%d: cannot parse this line", path,
+                 lineno);
+        fk_free_scenario(s);
+        return NULL;
+    }
+    return s;
+}
+
+static fk_scenario *fk_default_scenario(void) {
+    fk_scenario *s = calloc(1, sizeof(fk_scenario));
+    s->ndev = 1;
+    s->t0 = fk_now();
+    snprintf(s->driver, sizeof s->driver, "550.54.15");
+    snprintf(s->nvml_version, sizeof s->nvml_version, "12.550.54.15");
+    s->cuda_version = 12040;
+    for (int i = 0; i < FK_MAX_GPUS; i++) fk_default_dev(&s->dev[i], i);
+    return s;
+}
+
+/* Re-reads the scenario when the file changed. Caller holds fk_mu. Returns -1 on error. */
+static int fk_maybe_reload(int force) {
+    long long mono = fk_mono_ns();
+    if (!force && S && mono - fk_last_check_ns < 10000000LL) return 0;
+    fk_last_check_ns = mono;
+    const char *path = getenv("FAKE_NVML_SCENARIO");
+    if (!path || !*path) {
+        if (S && fk_path[0] == 0) return 0;
+        fk_free_scenario(S);
+        S = fk_default_scenario();
+        fk_path[0] = 0;
+        memset(fk_load_count, 0, sizeof fk_load_count);
+        memset(fk_xid_delivered, 0, sizeof fk_xid_delivered);
+        return 0;
+    }
+    int same_path = S && strcmp(path, fk_path) == 0;
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        snprintf(fk_error, sizeof fk_error, "fakenvml: cannot read scenario %s: %s", path,
+                 strerror(errno));
+        return same_path ? 0 : -1;
+    }
+    if (same_path && st.st_ino == fk_stat.st_ino && st.st_size == fk_stat.st_size &&
+        st.st_mtim.tv_sec == fk_stat.st_mtim.tv_sec && st.st_mtim.tv_nsec == fk_stat.st_mtim.tv_nsec)
+        return 0;
+    fk_scenario *s = fk_parse_file(path);
+    if (!s) {
+        fprintf(stderr, "%s\n", fk_error);
+        if (!same_path) return -1;
+        fk_stat = st; /* keep the previous scenario; do not re-parse this version again */
+        return 0;
+    }
+    fk_free_scenario(S);
+    S = s;
+    fk_stat = st;
+    if (!same_path) memset(fk_xid_delivered, 0, sizeof fk_xid_delivered);
+    snprintf(fk_path, sizeof fk_path, "%s", path);
+    memset(fk_load_count, 0, sizeof fk_load_count);
+    fk_error[0] = 0;
+    return 0;
+}
+
+/* ------------------------------------ call entry ------------------------------------ */
+
+/* Counts the call, applies rules; returns the code the call must return (after its delay). */
+static nvmlReturn_t fk_enter(int sym, int dev, int need_init) {
+    pthread_mutex_lock(&fk_mu);
+    fk_maybe_reload(0);
+    if (need_init && (fk_init_refs <= 0 || !S)) {
+        pthread_mutex_unlock(&fk_mu);
+        return NVML_ERROR_UNINITIALIZED;
+    }
+    int slot = dev < 0 ? FK_MAX_GPUS : dev;
+    unsigned long long k = ++fk_load_count[sym][slot];
+    fk_total_count[sym][slot]++;
+    int code = NVML_SUCCESS, have_fail = 0, have_delay = 0;
+    long delay = 0;
+    double rel = S ? fk_now() - S->t0 : 0;
+    for (int i = 0; S && i < S->nrules && !(have_fail && have_delay); i++) {
+        const fk_rule *r = &S->rules[i];
+        if ((r->fail && have_fail) || (!r->fail && have_delay)) continue;
+        if (r->sym >= 0 && r->sym != sym) continue;
+        if (r->dev >= 0 && r->dev != dev) continue;
+        if (k <= r->after || (r->has_until && k > r->until)) continue;
+        if (r->every && (k - r->after) % r->every != 0) continue;
+        if ((r->has_from && rel < r->from) || (r->has_to && rel >= r->to)) continue;
+        if (r->fail) {
+            code = r->code;
+            have_fail = 1;
+        } else {
+            delay = r->delay_ms;
+            have_delay = 1;
+        }
+    }
+    pthread_mutex_unlock(&fk_mu);
+    if (delay > 0) fk_sleep_ms(delay);
+    if (code == FK_ABORT) abort();
+    return (nvmlReturn_t)code;
+}
+
+static int fk_dev_index(nvmlDevice_t device) {
+    if (device < fk_handles || device >= fk_handles + FK_MAX_GPUS) return -1;
+    return (int)(device - fk_handles);
+}
+
+/* Device call prologue: validates the handle, counts, applies rules, then locks fk_mu and
+ * binds `d` to the device. Every path after it must unlock. */
+#define DEV_ENTER(name)                                                          \
+    int idx_ = fk_dev_index(device);                                             \
+    nvmlReturn_t rc_ = fk_enter(SYM_##name, idx_ < 0 ? -1 : idx_, 1);            \
+    if (rc_ != NVML_SUCCESS) return rc_;                                         \
+    if (idx_ < 0) return NVML_ERROR_INVALID_ARGUMENT;                            \
+    pthread_mutex_lock(&fk_mu);                                                  \
+    if (!S || idx_ >= S->ndev) {                                                 \
+        pthread_mutex_unlock(&fk_mu);                                            \
+        return NVML_ERROR_INVALID_ARGUMENT;                                      \
+    }                                                                            \
+    const fk_dev *d = &S->dev[idx_];
+
+#define DEV_RETURN(rc)              \
+    do {                            \
+        pthread_mutex_unlock(&fk_mu); \
+        return (rc);                \
+    } while (0)
+
+/* --------------------------------- NVML: system --------------------------------- */
+
+static void fk_write_stats(void) {
+    const char *path = getenv("FAKE_NVML_STATS");
+    if (!path || !*path) return;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    for (int s = 0; s < FK_NSYM; s++)
+        for (int g = 0; g <= FK_MAX_GPUS; g++)
+            if (fk_total_count[s][g])
+                fprintf(f, "%s %d %llu\n", fk_sym_names[s], g == FK_MAX_GPUS ? -1 : g,
+                        fk_total_count[s][g]);
+    fclose(f);
+    rename(tmp, path);
+}
+
+static nvmlReturn_t fk_init(int sym) {
+    pthread_mutex_lock(&fk_mu);
+    int bad = fk_maybe_reload(1) != 0 || !S;
+    if (!fk_atexit_registered) {
+        fk_atexit_registered = 1;
+        atexit(fk_write_stats);
+    }
+    pthread_mutex_unlock(&fk_mu);
+    if (bad) {
+        fprintf(stderr, "%s\n", fk_error);
+        return NVML_ERROR_UNKNOWN;
+    }
+    nvmlReturn_t rc = fk_enter(sym, -1, 0);
+    if (rc != NVML_SUCCESS) return rc;
+    pthread_mutex_lock(&fk_mu);
+    fk_init_refs++;
+    for (int i = 0; i < FK_MAX_GPUS; i++) fk_handles[i].index = i;
+    pthread_mutex_unlock(&fk_mu);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlInit_v2(void) { return fk_init(SYM_nvmlInit_v2); }
+
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    return fk_init(SYM_nvmlInitWithFlags);
+}
+
+EXPORT nvmlReturn_t nvmlShutdown(void) {
+    nvmlReturn_t rc = fk_enter(SYM_nvmlShutdown, -1, 1);
+    if (rc != NVML_SUCCESS) return rc;
+    pthread_mutex_lock(&fk_mu);
+    int last = --fk_init_refs == 0;
+    pthread_mutex_unlock(&fk_mu);
+    if (last) fk_write_stats();
+    return NVML_SUCCESS;
+}
+
+EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
+    pthread_mutex_lock(&fk_mu);
+    fk_total_count[SYM_nvmlErrorString][FK_MAX_GPUS]++;
+    pthread_mutex_unlock(&fk_mu);
+    for (size_t i = 0; i < FK_NERRORS; i++)
+        if (fk_errors[i].code == result) return fk_errors[i].text;
+    return "Unknown Error";
+}
+
+static nvmlReturn_t fk_copy_str(char *dst, unsigned int length, const char *src) {
+    size_t n = strlen(src);
+    if (!dst) return NVML_ERROR_INVALID_ARGUMENT;
+    if (length < n + 1) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(dst, src, n + 1);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    nvmlReturn_t rc = fk_enter(SYM_nvmlSystemGetDriverVersion, -1, 1);
+    if (rc != NVML_SUCCESS) return rc;
+    pthread_mutex_lock(&fk_mu);
+    rc = fk_copy_str(version, length, S->driver);
+    pthread_mutex_unlock(&fk_mu);
+    return rc;
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
+    nvmlReturn_t rc = fk_enter(SYM_nvmlSystemGetNVMLVersion, -1, 0);
+    if (rc != NVML_SUCCESS) return rc;
+    pthread_mutex_lock(&fk_mu);
+    rc = S ? fk_copy_str(version, length, S->nvml_version) : NVML_ERROR_UNINITIALIZED;
+    pthread_mutex_unlock(&fk_mu);
+    return rc;
+}
+
+static nvmlReturn_t fk_cuda_version(int sym, int *v) {
+    nvmlReturn_t rc = fk_enter(sym, -1, 0);
+    if (rc != NVML_SUCCESS) return rc;
+    if (!v) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&fk_mu);
+    *v = S ? S->cuda_version : 0;
+    pthread_mutex_unlock(&fk_mu);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion) {
+    return fk_cuda_version(SYM_nvmlSystemGetCudaDriverVersion, cudaDriverVersion);
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion) {
+    return fk_cuda_version(SYM_nvmlSystemGetCudaDriverVersion_v2, cudaDriverVersion);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount) {
+    nvmlReturn_t rc = fk_enter(SYM_nvmlDeviceGetCount_v2, -1, 1);
+    if (rc != NVML_SUCCESS) return rc;
+    if (!deviceCount) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&fk_mu);
+    *deviceCount = (unsigned int)S->ndev;
+    pthread_mutex_unlock(&fk_mu);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    int dev = index < FK_MAX_GPUS ? (int)index : -1;
+    nvmlReturn_t rc = fk_enter(SYM_nvmlDeviceGetHandleByIndex_v2, dev, 1);
+    if (rc != NVML_SUCCESS) return rc;
+    if (!device) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&fk_mu);
+    rc = dev >= 0 && dev < S->ndev ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_unlock(&fk_mu);
+    if (rc == NVML_SUCCESS) *device = &fk_handles[dev];
+    return rc;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    nvmlReturn_t rc = fk_enter(SYM_nvmlDeviceGetHandleByUUID, -1, 1);
+    if (rc != NVML_SUCCESS) return rc;
+    if (!uuid || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    rc = NVML_ERROR_NOT_FOUND;
+    pthread_mutex_lock(&fk_mu);
+    for (int i = 0; i < S->ndev; i++)
+        if (strcmp(S->dev[i].uuid, uuid) == 0) {
+            *device = &fk_handles[i];
+            rc = NVML_SUCCESS;
+            break;
+        }
+    pthread_mutex_unlock(&fk_mu);
+    return rc;
+}
+
+/* --------------------------------- NVML: devices --------------------------------- */
+
+EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    DEV_ENTER(nvmlDeviceGetIndex)
+    (void)d;
+    if (!index) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *index = (unsigned int)idx_;
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    DEV_ENTER(nvmlDeviceGetName)
+    DEV_RETURN(fk_copy_str(name, length, d->name));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    DEV_ENTER(nvmlDeviceGetUUID)
+    DEV_RETURN(fk_copy_str(uuid, length, d->uuid));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    DEV_ENTER(nvmlDeviceGetPciInfo_v3)
+    if (!pci) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    memset(pci, 0, sizeof(*pci));
+    snprintf(pci->busId, sizeof pci->busId, "%s", d->bus_id);
+    /* The legacy field holds the short form "0000:BB:DD.F". */
+    const char *legacy = strlen(d->bus_id) > 12 ? d->bus_id + 4 : d->bus_id;
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%s", legacy);
+    unsigned int dom = 0, bus = 0, dv = 0, fn = 0;
+    if (sscanf(d->bus_id, "%x:%x:%x.%x", &dom, &bus, &dv, &fn) == 4) {
+        pci->domain = dom;
+        pci->bus = bus;
+        pci->device = dv;
+    }
+    pci->pciDeviceId = 0x233010DE;
+    pci->pciSubSystemId = 0x16C110DE;
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    DEV_ENTER(nvmlDeviceGetMemoryInfo)
+    if (!memory) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned long long total = fk_u64(d, F_MEM_TOTAL), used = fk_u64(d, F_MEM_USED);
+    if (used > total) used = total;
+    memory->total = total;
+    memory->used = used;
+    memory->free = total - used;
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    DEV_ENTER(nvmlDeviceGetMemoryInfo_v2)
+    if (!memory) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (memory->version != nvmlMemory_v2) DEV_RETURN(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    unsigned long long total = fk_u64(d, F_MEM_TOTAL), used = fk_u64(d, F_MEM_USED);
+    unsigned long long reserved = fk_u64(d, F_MEM_RESERVED);
+    if (used > total) used = total;
+    if (reserved > used) reserved = used;
+    memory->total = total;
+    memory->reserved = reserved;
+    memory->used = used - reserved; /* v2 "used" excludes the reserved part */
+    memory->free = total - used;
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
+                                                  nvmlUtilization_t *utilization) {
+    DEV_ENTER(nvmlDeviceGetUtilizationRates)
+    if (!utilization) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    utilization->gpu = fk_u32(d, F_UTIL_GPU);
+    utilization->memory = fk_u32(d, F_UTIL_MEM);
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t device,
+                                                    unsigned int *utilization,
+                                                    unsigned int *samplingPeriodUs) {
+    DEV_ENTER(nvmlDeviceGetEncoderUtilization)
+    if (!utilization || !samplingPeriodUs) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *utilization = fk_u32(d, F_UTIL_ENC);
+    *samplingPeriodUs = 167000;
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t device,
+                                                    unsigned int *utilization,
+                                                    unsigned int *samplingPeriodUs) {
+    DEV_ENTER(nvmlDeviceGetDecoderUtilization)
+    if (!utilization || !samplingPeriodUs) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *utilization = fk_u32(d, F_UTIL_DEC);
+    *samplingPeriodUs = 167000;
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device,
+                                             nvmlTemperatureSensors_t sensorType,
+                                             unsigned int *temp) {
+    DEV_ENTER(nvmlDeviceGetTemperature)
+    if (!temp || sensorType != NVML_TEMPERATURE_GPU) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *temp = fk_u32(d, F_TEMP);
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device,
+                                              nvmlTemperature_t *temperature) {
+    DEV_ENTER(nvmlDeviceGetTemperatureV)
+    if (!temperature || temperature->sensorType != NVML_TEMPERATURE_GPU)
+        DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (temperature->version != 0x100000C) DEV_RETURN(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    temperature->temperature = (int)fk_eval(&d->f[F_TEMP], fk_now() - S->t0);
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+#define FK_U32_GETTER(name, field)                                         \
+    EXPORT nvmlReturn_t name(nvmlDevice_t device, unsigned int *out) {     \
+        DEV_ENTER(name)                                                    \
+        if (!out) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);                 \
+        *out = fk_u32(d, field);                                           \
+        DEV_RETURN(NVML_SUCCESS);                                          \
+    }
+
+FK_U32_GETTER(nvmlDeviceGetPowerUsage, F_POWER)
+FK_U32_GETTER(nvmlDeviceGetEnforcedPowerLimit, F_POWER_LIMIT)
+
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device,
+                                                        unsigned long long *energy) {
+    DEV_ENTER(nvmlDeviceGetTotalEnergyConsumption)
+    if (!energy) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *energy = fk_u64(d, F_ENERGY);
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type,
+                                           unsigned int *clock) {
+    DEV_ENTER(nvmlDeviceGetClockInfo)
+    static const int fields[] = {F_CLK_GRAPHICS, F_CLK_SM, F_CLK_MEM, F_CLK_VIDEO};
+    if (!clock || (int)type < 0 || (int)type > 3) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *clock = fk_u32(d, fields[type]);
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device,
+                                                nvmlPcieUtilCounter_t counter,
+                                                unsigned int *value) {
+    DEV_ENTER(nvmlDeviceGetPcieThroughput)
+    if (!value || (int)counter < 0 || (int)counter > 1) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *value = fk_u32(d, counter == NVML_PCIE_UTIL_TX_BYTES ? F_PCIE_TX : F_PCIE_RX);
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device,
+                                                nvmlMemoryErrorType_t errorType,
+                                                nvmlEccCounterType_t counterType,
+                                                unsigned long long *eccCounts) {
+    DEV_ENTER(nvmlDeviceGetTotalEccErrors)
+    if (!eccCounts || (int)errorType < 0 || (int)errorType > 1 || (int)counterType < 0 ||
+        (int)counterType > 1)
+        DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *eccCounts = fk_u64(d, errorType == NVML_MEMORY_ERROR_TYPE_CORRECTED ? F_ECC_CORR : F_ECC_UNCORR);
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
+                                         unsigned int *pendingMode) {
+    DEV_ENTER(nvmlDeviceGetMigMode)
+    if (!currentMode || !pendingMode) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *currentMode = fk_u32(d, F_MIG);
+    *pendingMode = fk_u32(d, F_MIG_PENDING);
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
+                                                           unsigned long long *clocksEventReasons) {
+    DEV_ENTER(nvmlDeviceGetCurrentClocksEventReasons)
+    if (!clocksEventReasons) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *clocksEventReasons = fk_u64(d, F_REASONS);
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                            unsigned int *infoCount,
+                                                            nvmlProcessInfo_t *infos) {
+    DEV_ENTER(nvmlDeviceGetComputeRunningProcesses_v3)
+    if (!infoCount) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned int n = (unsigned int)d->nproc, cap = *infoCount;
+    *infoCount = n;
+    if (n == 0) DEV_RETURN(NVML_SUCCESS);
+    if (!infos || cap < n) DEV_RETURN(NVML_ERROR_INSUFFICIENT_SIZE);
+    double rel = fk_now() - S->t0;
+    for (unsigned int i = 0; i < n; i++) {
+        const fk_proc *p = &d->procs[i];
+        double used = p->used.base + p->used.slope * rel;
+        infos[i].pid = p->pid;
+        infos[i].usedGpuMemory = p->na ? FK_NOT_AVAILABLE
+                                       : (used > 0 ? (unsigned long long)(used + 0.5) : 0);
+        infos[i].gpuInstanceId = 0xFFFFFFFFU;
+        infos[i].computeInstanceId = 0xFFFFFFFFU;
+    }
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                                    nvmlProcessUtilizationSample_t *utilization,
+                                                    unsigned int *processSamplesCount,
+                                                    unsigned long long lastSeenTimeStamp) {
+    DEV_ENTER(nvmlDeviceGetProcessUtilization)
+    if (!processSamplesCount) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned long long period = fk_u64(d, F_PUTIL_PERIOD) * 1000ULL;
+    if (period == 0) period = 1;
+    /* Sample times are t0 + whole periods, so a test decides when a new sample appears. */
+    double rel = fk_now() - S->t0;
+    unsigned long long t0_us = (unsigned long long)(S->t0 * 1e6);
+    unsigned long long ts = t0_us + (rel > 0 ? (unsigned long long)(rel * 1e6) / period * period : 0);
+    unsigned int n = (unsigned int)d->nputil, cap = *processSamplesCount;
+    /* NVML: no samples newer than the caller's timestamp (idle GPU, or asked twice within one
+     * sample period) is NOT_FOUND, also for the size probe. */
+    if (n == 0 || ts <= lastSeenTimeStamp) DEV_RETURN(NVML_ERROR_NOT_FOUND);
+    *processSamplesCount = n;
+    if (!utilization || cap < n) DEV_RETURN(NVML_ERROR_INSUFFICIENT_SIZE);
+    for (unsigned int i = 0; i < n; i++) {
+        const fk_putil *u = &d->putil[i];
+        utilization[i].pid = u->pid;
+        utilization[i].timeStamp = ts;
+        utilization[i].smUtil = u->sm;
+        utilization[i].memUtil = u->mem;
+        utilization[i].encUtil = u->enc;
+        utilization[i].decUtil = u->dec;
+    }
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+/* --------------------------------- NVML: events --------------------------------- */
+
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device,
+                                                     unsigned long long *eventTypes) {
+    DEV_ENTER(nvmlDeviceGetSupportedEventTypes)
+    if (!eventTypes) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *eventTypes = fk_u64(d, F_SUPPORTED_EVENTS);
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    nvmlReturn_t rc = fk_enter(SYM_nvmlEventSetCreate, -1, 1);
+    if (rc != NVML_SUCCESS) return rc;
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    rc = NVML_ERROR_MEMORY;
+    pthread_mutex_lock(&fk_mu);
+    for (int i = 0; i < FK_MAX_SETS; i++)
+        if (!fk_sets[i].in_use) {
+            memset(&fk_sets[i], 0, sizeof fk_sets[i]);
+            fk_sets[i].in_use = 1;
+            *set = &fk_sets[i];
+            rc = NVML_SUCCESS;
+            break;
+        }
+    pthread_mutex_unlock(&fk_mu);
+    return rc;
+}
+
+static int fk_set_ok(nvmlEventSet_t set) {
+    return set >= fk_sets && set < fk_sets + FK_MAX_SETS && set->in_use;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
+                                             nvmlEventSet_t set) {
+    DEV_ENTER(nvmlDeviceRegisterEvents)
+    if (!fk_set_ok(set)) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (eventTypes & ~fk_u64(d, F_SUPPORTED_EVENTS)) DEV_RETURN(NVML_ERROR_NOT_SUPPORTED);
+    set->types[idx_] |= eventTypes;
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+/* Takes one pending Xid event for `set`, if any. Caller holds fk_mu. */
+static int fk_take_event(nvmlEventSet_t set, nvmlEventData_t *data) {
+    double rel = fk_now() - S->t0;
+    for (int i = 0; i < S->ndev; i++) {
+        if (!(set->types[i] & nvmlEventTypeXidCriticalError)) continue;
+        const fk_dev *d = &S->dev[i];
+        int k = fk_xid_delivered[i];
+        if (k < d->nxid && d->xid[k].t <= rel) {
+            fk_xid_delivered[i]++;
+            data->device = &fk_handles[i];
+            data->eventType = nvmlEventTypeXidCriticalError;
+            data->eventData = d->xid[k].code;
+            data->gpuInstanceId = 0xFFFFFFFFU;
+            data->computeInstanceId = 0xFFFFFFFFU;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data,
+                                        unsigned int timeoutms) {
+    nvmlReturn_t rc = fk_enter(SYM_nvmlEventSetWait_v2, -1, 1);
+    if (rc != NVML_SUCCESS) return rc;
+    if (!data) return NVML_ERROR_INVALID_ARGUMENT;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        pthread_mutex_lock(&fk_mu);
+        if (!fk_set_ok(set)) {
+            pthread_mutex_unlock(&fk_mu);
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        int got = fk_take_event(set, data);
+        pthread_mutex_unlock(&fk_mu);
+        if (got) return NVML_SUCCESS;
+        if (timeoutms == 0) break;
+        if (attempt == 0) fk_sleep_ms((long)timeoutms);
+    }
+    return NVML_ERROR_TIMEOUT;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    nvmlReturn_t rc = fk_enter(SYM_nvmlEventSetFree, -1, 1);
+    if (rc != NVML_SUCCESS) return rc;
+    pthread_mutex_lock(&fk_mu);
+    rc = fk_set_ok(set) ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) set->in_use = 0;
+    pthread_mutex_unlock(&fk_mu);
+    return rc;
+}
+
+/* ------------------------------- test-only exports ------------------------------- */
+
+EXPORT unsigned long long fakenvml_call_count_dev(const char *symbol, int gpu) {
+    int sym = fk_sym_by_name(symbol);
+    if (sym == -2 || gpu < -1 || gpu >= FK_MAX_GPUS) return 0;
+    int slot = gpu < 0 ? FK_MAX_GPUS : gpu;
+    unsigned long long n = 0;
+    pthread_mutex_lock(&fk_mu);
+    for (int s = 0; s < FK_NSYM; s++)
+        if (sym < 0 || s == sym) n += fk_total_count[s][slot];
+    pthread_mutex_unlock(&fk_mu);
+    return n;
+}
+
+EXPORT unsigned long long fakenvml_call_count(const char *symbol) {
+    unsigned long long n = 0;
+    for (int g = -1; g < FK_MAX_GPUS; g++) n += fakenvml_call_count_dev(symbol, g);
+    return n;
+}
+
+EXPORT void fakenvml_reset_counts(void) {
+    pthread_mutex_lock(&fk_mu);
+    memset(fk_total_count, 0, sizeof fk_total_count);
+    pthread_mutex_unlock(&fk_mu);
+}
+
+EXPORT int fakenvml_reload(void) {
+    pthread_mutex_lock(&fk_mu);
+    int rc = fk_maybe_reload(1);
+    if (rc == 0 && fk_error[0]) rc = -1;
+    pthread_mutex_unlock(&fk_mu);
+    return rc;
+}
+
+EXPORT const char *fakenvml_last_error(void) { return fk_error; }

@@ -1,0 +1,83 @@
+"""`otel-gpu run` and `doctor` through the real pynvml path, with the fake libnvidia-ml found on
+LD_LIBRARY_PATH exactly as the real one would be."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from fakenvml.fixtures import FakeNvml
+from test_cli import CLI, _env, _points
+
+GIB = 1024**3
+
+
+def test_run_exports_nvml_device_and_process_points_for_the_child(fake_nvml: FakeNvml) -> None:
+    fake_nvml.write(
+        """
+        devices = 2
+        gpu.*.memory.total = 85899345920
+        gpu.0.memory.used = 21474836480
+        gpu.1.memory.used = 1073741824
+        gpu.*.util.gpu = 87
+        gpu.*.power.usage = 455500
+        gpu.*.power.limit = 700000
+        gpu.*.temperature = 66
+        """
+    )
+    code = "import os, time; print(os.getpid(), flush=True); time.sleep(4)"
+    proc = subprocess.Popen(
+        [*CLI, "run", "--exporter", "console", "--interval", "0.2", "--export-interval", "1",
+         "--no-detect", "--", sys.executable, "-c", code],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=fake_nvml.env(_env(CUDA_VISIBLE_DEVICES="0")),
+    )  # fmt: skip
+    assert proc.stdout is not None
+    child_pid = int(proc.stdout.readline())
+    # Now NVML lists the child on GPU 0 (the fake re-reads its scenario within 10 ms).
+    fake_nvml.append(f"gpu.0.processes = {child_pid}:{3 * GIB}")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    pts = _points(out)
+    # CUDA_VISIBLE_DEVICES=0: only GPU 0 belongs to the job.
+    assert {p["attributes"]["gpu.index"] for p in pts["hw.gpu.memory.usage"]} == {0}
+    assert {p["value"] for p in pts["hw.gpu.memory.usage"]} == {20 * GIB}
+    assert {p["value"] for p in pts["hw.power"]} == {455.5}  # mW -> W
+    general = [p for p in pts["hw.gpu.utilization"] if p["attributes"]["hw.gpu.task"] == "general"]
+    assert {p["value"] for p in general} == {0.87}  # % -> fraction
+    gpu_proc = [
+        p for p in pts["process.gpu.memory.usage"] if p["attributes"]["process.pid"] == child_pid
+    ]
+    assert gpu_proc and gpu_proc[-1]["value"] == 3 * GIB
+    assert gpu_proc[-1]["attributes"]["process.executable.name"].startswith("python")
+    assert child_pid in {p["attributes"]["process.pid"] for p in pts["process.memory.usage"]}
+
+
+def test_doctor_reports_gpus_and_the_unreachable_endpoint(fake_nvml: FakeNvml) -> None:
+    fake_nvml.write("devices = 2\ndriver_version = 550.54.15\ncuda_driver_version = 12040\n")
+    res = subprocess.run(
+        [*CLI, "doctor", "--endpoint", "http://127.0.0.1:9"],
+        capture_output=True, text=True, timeout=60, env=fake_nvml.env(_env()),
+    )  # fmt: skip
+    lines = res.stdout.splitlines()
+    assert any(
+        line.startswith("ok") and "driver 550.54.15, CUDA driver 12.4" in line for line in lines
+    )
+    assert sum(re.match(r"ok +gpu \d: ", line) is not None for line in lines) == 2
+    assert any(
+        line.startswith("fail  exporter") and "cannot reach 127.0.0.1:9" in line for line in lines
+    )
+    assert res.returncode == 1  # a failed check
+    assert "Traceback" not in res.stderr
+
+
+def test_doctor_without_nvml_says_how_to_fix_it(tmp_path) -> None:
+    res = subprocess.run(
+        [*CLI, "doctor", "--endpoint", "http://127.0.0.1:9"],
+        capture_output=True, text=True, timeout=60,
+        env=_env(OTEL_GPU_NVML_LIBRARY=str(tmp_path / "libnvidia-ml.so.1")),
+    )  # fmt: skip
+    nvml = [line for line in res.stdout.splitlines() if "nvml:" in line]
+    assert nvml and nvml[0].startswith("fail") and "->" in nvml[0]
+    assert res.returncode == 1 and "Traceback" not in res.stderr
