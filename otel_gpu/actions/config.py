@@ -1,0 +1,311 @@
+"""Action settings: argument > ``OTEL_GPU_*`` environment > config file > default.
+
+Validated once, at start. Errors name the setting and the accepted values but never echo a
+webhook URL, secret or header value (they are credentials).
+
+The config file (``OTEL_GPU_ACTIONS_CONFIG``, ``.json`` or ``.toml``) uses the setting names
+(the variable names without ``OTEL_GPU_`` / ``OTEL_GPU_ACTIONS_``, in lower case), e.g. ``{"slack_webhook_url": "...",
+"notify_on": ["open", "closed"], "webhook_headers": {"Authorization": "Bearer ..."}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from otel_gpu.actions.notifiers import (
+    DingTalkNotifier,
+    FeishuNotifier,
+    JsonNotifier,
+    Notifier,
+    SlackNotifier,
+    WeComNotifier,
+)
+from otel_gpu.actions.redact import redact_url
+from otel_gpu.actions.stop import parse_signal
+from otel_gpu.detect.model import ANOMALY, HARDWARE, LEAK, STALL, THRESHOLD
+from otel_gpu.errors import UsageError
+
+# Which breaker transitions notify. "open" = a new episode (CLOSED -> OPEN); "reopen" = an alert
+# during probation (HALF_OPEN -> OPEN, same episode); "half_open" = probing; "closed" = resolved.
+NOTIFY_CHOICES = ("open", "reopen", "half_open", "closed")
+KINDS = (LEAK, STALL, THRESHOLD, ANOMALY, HARDWARE)
+_PREFIX = "OTEL_GPU_"
+_TRUE = {"1", "true", "yes", "on"}
+_Parser = Callable[[str, Any], Any]
+_DELIVERY = (
+    "queue_size",
+    "max_attempts",
+    "timeout_s",
+    "backoff_s",
+    "backoff_max_s",
+    "retry_after_max_s",
+)
+_FALSE = {"0", "false", "no", "off"}
+
+
+@dataclass(frozen=True)
+class ActionsConfig:
+    """Where notifications go, how they are sent, and whether alerts stop the job."""
+
+    slack_webhook_url: str | None = field(default=None, repr=False)
+    dingtalk_webhook_url: str | None = field(default=None, repr=False)
+    dingtalk_secret: str | None = field(default=None, repr=False)
+    feishu_webhook_url: str | None = field(default=None, repr=False)
+    feishu_secret: str | None = field(default=None, repr=False)
+    wecom_webhook_url: str | None = field(default=None, repr=False)
+    wecom_format: str = "text"  # "text" | "markdown"
+    webhook_url: str | None = field(default=None, repr=False)
+    webhook_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    notify_on: frozenset[str] = frozenset({"open", "closed"})
+    queue_size: int = 256  # waiting notifications per destination; the oldest is dropped
+    max_attempts: int = 5  # per notification, first try included
+    timeout_s: float = 5.0  # per HTTP request
+    backoff_s: float = 1.0  # first retry delay; doubles each retry
+    backoff_max_s: float = 30.0
+    retry_after_max_s: float = 60.0  # cap on a server's Retry-After
+    span_events: bool = True
+    stop_on_alert: bool = False  # opt-in: stop the watched job when its breaker opens
+    stop_kinds: frozenset[str] = frozenset({LEAK, STALL})
+    stop_signal: str = "SIGUSR1"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> ActionsConfig:
+        """Read ``overrides`` > environment > ``OTEL_GPU_ACTIONS_CONFIG`` file > defaults."""
+        env = os.environ if environ is None else environ
+        raw: dict[str, tuple[str, Any]] = {}  # field -> (where it came from, value)
+        path = env.get(_PREFIX + "ACTIONS_CONFIG", "").strip()
+        if path:
+            for key, value in _read_file(path).items():
+                if key not in _FIELDS:
+                    raise UsageError(
+                        f"OTEL_GPU_ACTIONS_CONFIG file {path}: unknown setting {key!r}; "
+                        f"accepted: {', '.join(sorted(_FIELDS))}"
+                    )
+                raw[key] = (f"{key} in {path}", value)
+        for name in _FIELDS:
+            var = env_name(name)
+            value = env.get(var)
+            if value is not None and value.strip() != "":
+                raw[name] = (var, value)
+        for name, value in overrides.items():
+            if name not in _FIELDS:
+                raise TypeError(f"unknown action setting {name!r}")
+            raw[name] = (name, value)
+        values = {name: _PARSERS[name](where, value) for name, (where, value) in raw.items()}
+        cfg = cls(**values)
+        cfg._check_pairs(raw)
+        return cfg
+
+    def _check_pairs(self, raw: Mapping[str, tuple[str, Any]]) -> None:
+        for secret, url in (
+            ("dingtalk_secret", "dingtalk_webhook_url"),
+            ("feishu_secret", "feishu_webhook_url"),
+        ):
+            if getattr(self, secret) and not getattr(self, url):
+                where = raw[secret][0]
+                raise UsageError(f"{where} is set but {env_name(url)} is not: set both")
+        if self.webhook_headers and not self.webhook_url:
+            raise UsageError(
+                f"{raw['webhook_headers'][0]} is set but OTEL_GPU_WEBHOOK_URL is not: set both"
+            )
+
+    def notifiers(self) -> list[Notifier]:
+        """One notifier per configured destination."""
+        out: list[Notifier] = []
+        if self.slack_webhook_url:
+            out.append(SlackNotifier(self.slack_webhook_url))
+        if self.dingtalk_webhook_url:
+            out.append(DingTalkNotifier(self.dingtalk_webhook_url, self.dingtalk_secret))
+        if self.feishu_webhook_url:
+            out.append(FeishuNotifier(self.feishu_webhook_url, self.feishu_secret))
+        if self.wecom_webhook_url:
+            out.append(WeComNotifier(self.wecom_webhook_url, self.wecom_format == "markdown"))
+        if self.webhook_url:
+            out.append(JsonNotifier(self.webhook_url, dict(self.webhook_headers)))
+        return out
+
+    def describe(self) -> list[str]:
+        """Safe one-line descriptions of the destinations (for `doctor` and start-up logs)."""
+        return [f"{n.name} {n.redacted}" for n in self.notifiers()]
+
+
+def env_name(setting: str) -> str:
+    """The environment variable for a setting: delivery tuning sits under OTEL_GPU_ACTIONS_."""
+    if setting in _DELIVERY:
+        return f"{_PREFIX}ACTIONS_{setting.upper()}"
+    return _PREFIX + setting.upper()
+
+
+def _read_file(path: str) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise UsageError(
+            f"OTEL_GPU_ACTIONS_CONFIG: cannot read {path}: {e.strerror}; point it at a JSON or "
+            "TOML file"
+        ) from None
+    if p.suffix.lower() == ".toml":
+        try:
+            import tomllib  # Python >= 3.11
+        except ImportError:
+            raise UsageError(
+                f"OTEL_GPU_ACTIONS_CONFIG: {path} is TOML, which needs Python >= 3.11; use JSON"
+            ) from None
+        try:
+            doc: Any = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise UsageError(f"OTEL_GPU_ACTIONS_CONFIG: {path} is not valid TOML ({e})") from None
+    else:
+        try:
+            doc = json.loads(text)
+        except ValueError as e:
+            raise UsageError(
+                f"OTEL_GPU_ACTIONS_CONFIG: {path} is not valid JSON (line {getattr(e, 'lineno', '?')}); "
+                "use a .toml name for TOML"
+            ) from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"OTEL_GPU_ACTIONS_CONFIG: {path} must hold an object of settings")
+    return doc
+
+
+def _url(where: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise UsageError(f"{where} must be an http(s) URL string")
+    value = value.strip()
+    try:
+        parts = urlsplit(value)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:
+        ok = False
+    if not ok or any(c.isspace() for c in value):
+        raise UsageError(
+            f"{where} is not a valid http(s) URL (got {redact_url(value)}); "
+            "paste the webhook address exactly as the service shows it"
+        )
+    return value
+
+
+def _secret(where: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise UsageError(f"{where} must be a non-empty string (the signing secret)")
+    return value.strip()
+
+
+def _headers(where: str, value: Any) -> dict[str, str]:
+    # Same format as OTEL_EXPORTER_OTLP_HEADERS: "k1=v1,k2=v2", values percent-decoded.
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, str):
+        items = []
+        for i, entry in enumerate(value.split(","), 1):
+            if not entry.strip():
+                continue
+            k, sep, v = entry.partition("=")
+            if not sep:
+                raise UsageError(
+                    f"{where}: entry {i} is not key=value; use 'Name=value,Name2=value2'"
+                )
+            items.append((unquote(k.strip()), unquote(v.strip())))
+    else:
+        raise UsageError(f"{where} must be 'Name=value,...' or a table of header names to values")
+    out: dict[str, str] = {}
+    for k, v in items:
+        name = str(k)
+        if not name or not all(c.isalnum() or c in "-_" for c in name) or not isinstance(v, str):
+            raise UsageError(
+                f"{where}: header {name!r} needs a name of letters, digits, '-' and a string value"
+            )
+        if "\n" in v or "\r" in v:
+            raise UsageError(f"{where}: the value of header {name!r} contains a line break")
+        out[name] = v
+    return out
+
+
+def _choices(allowed: tuple[str, ...], allow_none: bool) -> _Parser:
+    def parse(where: str, value: Any) -> frozenset[str]:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)):
+            raise UsageError(f"{where} must be a comma-separated list of {', '.join(allowed)}")
+        got = {str(x).strip().lower() for x in items if str(x).strip()}
+        if allow_none and got == {"none"}:
+            return frozenset()
+        bad = got - set(allowed)
+        if bad or not got:
+            accepted = ", ".join(allowed) + (" (or none)" if allow_none else "")
+            raise UsageError(f"{where}={','.join(sorted(got))!r} is invalid: use any of {accepted}")
+        return frozenset(got)
+
+    return parse
+
+
+def _bool(where: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    s = str(value).strip().lower()
+    if s in _TRUE:
+        return True
+    if s in _FALSE:
+        return False
+    raise UsageError(f"{where}={value!r} is invalid: use true or false")
+
+
+def _number(minimum: float, integer: bool = False) -> _Parser:
+    def parse(where: str, value: Any) -> float | int:
+        accepted = f"{'an integer' if integer else 'a number'} >= {minimum:g}"
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            x = int(value) if integer else float(value)
+        except (TypeError, ValueError):
+            raise UsageError(f"{where}={value!r} is invalid: use {accepted}") from None
+        if not (x >= minimum) or x == float("inf"):
+            raise UsageError(f"{where}={value!r} is invalid: use {accepted}")
+        return x
+
+    return parse
+
+
+def _wecom_format(where: str, value: Any) -> str:
+    s = str(value).strip().lower()
+    if s not in ("text", "markdown"):
+        raise UsageError(f"{where}={value!r} is invalid: use text or markdown")
+    return s
+
+
+def _signal_name(where: str, value: Any) -> str:
+    try:
+        return parse_signal(str(value)).name
+    except UsageError as e:
+        raise UsageError(f"{where}: {e}") from None
+
+
+_PARSERS: dict[str, _Parser] = {
+    "slack_webhook_url": _url,
+    "dingtalk_webhook_url": _url,
+    "dingtalk_secret": _secret,
+    "feishu_webhook_url": _url,
+    "feishu_secret": _secret,
+    "wecom_webhook_url": _url,
+    "wecom_format": _wecom_format,
+    "webhook_url": _url,
+    "webhook_headers": _headers,
+    "notify_on": _choices(NOTIFY_CHOICES, allow_none=True),
+    "queue_size": _number(1, integer=True),
+    "max_attempts": _number(1, integer=True),
+    "timeout_s": _number(0.001),
+    "backoff_s": _number(0.0),
+    "backoff_max_s": _number(0.0),
+    "retry_after_max_s": _number(0.0),
+    "span_events": _bool,
+    "stop_on_alert": _bool,
+    "stop_kinds": _choices(KINDS, allow_none=False),
+    "stop_signal": _signal_name,
+}
+_FIELDS = tuple(_PARSERS)

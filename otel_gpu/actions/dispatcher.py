@@ -1,0 +1,402 @@
+"""Actions fired on breaker transitions: log record, span event, stop, webhooks.
+
+``ActionDispatcher.on_transition`` never blocks: it logs, adds a span event, optionally stops the
+job (both in-memory / one syscall), and queues webhook deliveries. One background thread sends
+them with retries, exponential backoff and a per-request timeout, honouring a server's
+Retry-After within a cap. Each destination has its own bounded FIFO, so a dead Slack does not
+hold DingTalk back and messages to one destination keep their order. ``close`` is bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from otel_gpu.actions.config import ActionsConfig
+from otel_gpu.actions.http import build_opener, post, retry_after_s
+from otel_gpu.actions.notifiers import Notifier, Reply
+from otel_gpu.actions.redact import scrub
+from otel_gpu.actions.span_event import add_alert_event
+from otel_gpu.actions.stop import JobStopper
+from otel_gpu.detect.breaker import CLOSED, HALF_OPEN, OPEN, Transition
+from otel_gpu.detect.model import LEAK, STALL
+
+log = logging.getLogger("otel_gpu.actions")
+
+_RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+def transition_event(t: Transition) -> str:
+    """Which notify setting a transition falls under: open, reopen, half_open or closed."""
+    if t.to_state == OPEN:
+        return "reopen" if t.from_state == HALF_OPEN else "open"
+    if t.to_state == HALF_OPEN:
+        return "half_open"
+    return "closed" if t.to_state == CLOSED else t.to_state
+
+
+@dataclass
+class DeliveryStats:
+    """Counters since start (a snapshot)."""
+
+    queued: int = 0
+    delivered: int = 0
+    retried: int = 0  # attempts after the first
+    failed: int = 0  # gave up: attempts exhausted or a permanent refusal
+    dropped: int = 0  # queue full (oldest waiting one dropped) or queued after close
+    abandoned: int = 0  # still waiting when close() ran out of time
+    stops: int = 0  # stop actions taken
+
+
+@dataclass
+class _Item:
+    transition: Transition
+    event: str
+    attempt: int = 0  # attempts made so far
+    due: float = 0.0  # monotonic time it may be sent
+    last_error: str = field(default="")
+
+
+class ActionDispatcher:
+    """Fires the actions for each breaker transition. Thread-safe; one sender thread."""
+
+    def __init__(
+        self,
+        notifiers: Sequence[Notifier] = (),
+        *,
+        notify_on: Iterable[str] = ("open", "closed"),
+        queue_size: int = 256,
+        max_attempts: int = 5,
+        timeout_s: float = 5.0,
+        backoff_s: float = 1.0,
+        backoff_max_s: float = 30.0,
+        retry_after_max_s: float = 60.0,
+        jitter: float = 0.2,
+        span_events: bool = True,
+        stopper: JobStopper | None = None,
+        stop_kinds: Iterable[str] = (LEAK, STALL),
+        source: str = "",
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._notifiers = list(notifiers)
+        self._notify_on = frozenset(notify_on)
+        self._queue_size = max(1, int(queue_size))
+        self._max_attempts = max(1, int(max_attempts))
+        self._timeout_s = float(timeout_s)
+        self._backoff_s = float(backoff_s)
+        self._backoff_max_s = float(backoff_max_s)
+        self._retry_after_max_s = float(retry_after_max_s)
+        self._jitter = min(max(float(jitter), 0.0), 1.0)
+        self._span_events = span_events
+        self._stopper = stopper
+        self._stop_kinds = frozenset(stop_kinds)
+        self._stopped_episodes: set[tuple[str, int]] = set()
+        self._source = source
+        self._wall = wall_clock
+        self._pid = os.getpid()
+        self._cv = threading.Condition()
+        self._queues: list[deque[_Item]] = [deque() for _ in self._notifiers]
+        self._inflight = 0
+        self._closing = False
+        self._deadline = float("inf")
+        self._thread: threading.Thread | None = None
+        self._stats = DeliveryStats()
+        self._opener = build_opener()
+        # Log calls made while holding the lock are deferred: a slow handler must never hold
+        # up on_transition.
+        self._logs: list[tuple[int, str, tuple[object, ...]]] = []
+
+    @classmethod
+    def from_config(
+        cls,
+        config: ActionsConfig,
+        *,
+        stopper: JobStopper | None = None,
+        allowed_pids: Callable[[], Iterable[int]] | None = None,
+        request_fn: Callable[[str], bool] | None = None,
+        source: str = "",
+    ) -> ActionDispatcher:
+        """Build from settings.
+
+        The stop action is used only when ``config.stop_on_alert`` is set: either the given
+        ``stopper`` (its signal becomes ``config.stop_signal``) or one built from
+        ``allowed_pids`` (the watched job's trainer PIDs) and ``request_fn``. ``source`` names
+        the job or host in messages.
+        """
+        if not config.stop_on_alert:
+            stopper = None
+        elif stopper is not None:
+            stopper.signal = signal.Signals[config.stop_signal]
+        elif allowed_pids is not None or request_fn is not None:
+            stopper = JobStopper(
+                allowed_pids or (lambda: ()),
+                signal=config.stop_signal,
+                request_fn=request_fn,
+            )
+        else:
+            log.warning("OTEL_GPU_STOP_ON_ALERT is set but there is no job here to stop")
+        return cls(
+            config.notifiers(),
+            notify_on=config.notify_on,
+            queue_size=config.queue_size,
+            max_attempts=config.max_attempts,
+            timeout_s=config.timeout_s,
+            backoff_s=config.backoff_s,
+            backoff_max_s=config.backoff_max_s,
+            retry_after_max_s=config.retry_after_max_s,
+            span_events=config.span_events,
+            stopper=stopper,
+            stop_kinds=config.stop_kinds,
+            source=source,
+        )
+
+    @property
+    def stats(self) -> DeliveryStats:
+        with self._cv:
+            return DeliveryStats(**vars(self._stats))
+
+    def on_transition(self, t: Transition) -> None:
+        """Fire the actions for ``t``. Never blocks on I/O and never raises."""
+        if os.getpid() != self._pid:
+            return  # a forked child (e.g. a DataLoader worker) must not act for its parent
+        try:
+            self._log(t)
+            if t.to_state == OPEN and t.alert is not None:
+                if self._span_events:
+                    add_alert_event(t.alert)
+                self._maybe_stop(t)
+            event = transition_event(t)
+            if event in self._notify_on and self._notifiers:
+                self._enqueue(t, event)
+        except Exception as e:  # an action must never break detection
+            log.error("action for %s failed: %s", t.subject, type(e).__name__)
+
+    def _log(self, t: Transition) -> None:
+        a = t.alert
+        extra: dict[str, object] = {
+            "otel_gpu.breaker.subject": t.subject,
+            "otel_gpu.breaker.from_state": t.from_state,
+            "otel_gpu.breaker.state": t.to_state,
+            "otel_gpu.breaker.episode": t.episode,
+            "otel_gpu.breaker.time": t.time,
+        }
+        if a is not None:
+            extra["otel_gpu.alert.kind"] = a.kind
+            extra["otel_gpu.alert.severity"] = a.severity
+            if a.rate_bytes_per_s is not None:
+                extra["otel_gpu.leak.rate"] = a.rate_bytes_per_s
+            if a.eta_s is not None:
+                extra["otel_gpu.memory.time_to_exhaustion"] = a.eta_s
+        level = logging.WARNING if t.to_state == OPEN else logging.INFO
+        log.log(
+            level,
+            "breaker %s: %s -> %s (episode %d): %s",
+            t.subject,
+            t.from_state,
+            t.to_state,
+            t.episode,
+            t.reason,
+            extra=extra,
+        )
+
+    def _maybe_stop(self, t: Transition) -> None:
+        assert t.alert is not None
+        if self._stopper is None or t.alert.kind not in self._stop_kinds:
+            return
+        key = (t.subject, t.episode)
+        with self._cv:
+            if key in self._stopped_episodes:
+                return  # once per episode
+            if len(self._stopped_episodes) > 10_000:
+                self._stopped_episodes.clear()
+            self._stopped_episodes.add(key)
+            self._stats.stops += 1
+        self._stopper.stop(f"{t.alert.kind} on {t.subject}: {t.alert.message}")
+
+    def _enqueue(self, t: Transition, event: str) -> None:
+        with self._cv:
+            if self._closing:
+                self._stats.dropped += len(self._queues)
+                return
+            for i, q in enumerate(self._queues):
+                if len(q) >= self._queue_size:
+                    old = q.popleft()  # oldest waiting; the newest state matters most
+                    self._stats.dropped += 1
+                    if self._stats.dropped == 1 or self._stats.dropped % 100 == 0:
+                        self._defer(
+                            logging.WARNING,
+                            "notification queue for %s full: dropped %s of %s (%d dropped so far)",
+                            self._notifiers[i].name,
+                            old.event,
+                            old.transition.subject,
+                            self._stats.dropped,
+                        )
+                q.append(_Item(t, event))
+                self._stats.queued += 1
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="otel-gpu-actions", daemon=True
+                )
+                self._thread.start()
+            self._cv.notify_all()
+        self._emit_logs()
+
+    def _defer(self, level: int, msg: str, *args: object) -> None:
+        self._logs.append((level, msg, args))
+
+    def _emit_logs(self) -> None:
+        with self._cv:
+            pending, self._logs = self._logs, []
+        for level, msg, args in pending:
+            log.log(level, msg, *args)
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until nothing is queued or in flight; True if that happened in time."""
+        end = time.monotonic() + timeout_s
+        with self._cv:
+            while self._inflight or any(self._queues):
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
+
+    def close(self, timeout_s: float = 5.0) -> bool:
+        """Deliver what is queued within ``timeout_s``, then stop. Returns within about
+        ``timeout_s``; True if every queued notification was settled (delivered or given up)
+        and none had to be abandoned.
+
+        Requests started during close get at most the time left; deliveries whose next
+        retry falls after the deadline are abandoned (counted in ``stats.abandoned``) at once.
+        Later ``on_transition`` calls still log, add span events and stop, but send nothing.
+        """
+        start = time.monotonic()
+        with self._cv:
+            self._closing = True
+            self._deadline = start + max(0.0, timeout_s)
+            self._cv.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(max(0.0, self._deadline - time.monotonic()) + 0.05)
+        with self._cv:
+            lost = self._abandon_all() if (thread is not None and thread.is_alive()) else 0
+            clean = lost == 0 and self._stats.abandoned == 0 and not self._inflight
+        self._emit_logs()
+        return clean
+
+    def _abandon_all(self) -> int:
+        n = sum(len(q) for q in self._queues)
+        for q in self._queues:
+            q.clear()
+        if n:
+            self._stats.abandoned += n
+            self._defer(logging.WARNING, "closing: %d notification(s) not delivered in time", n)
+        return n
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                picked = self._next()
+                if picked is not None:
+                    self._inflight += 1
+            self._emit_logs()
+            if picked is None:
+                return
+            idx, item = picked
+            try:
+                reply, retry_after = self._attempt(self._notifiers[idx], item)
+            except Exception as e:  # a bug in one payload must not kill the sender
+                reply, retry_after = Reply(False, False, f"internal error {type(e).__name__}"), None
+            with self._cv:
+                self._inflight -= 1
+                self._settle(idx, item, reply, retry_after)
+                self._cv.notify_all()
+            self._emit_logs()
+
+    def _next(self) -> tuple[int, _Item] | None:
+        """Under the lock: wait for the next due delivery; None when closing is complete."""
+        while True:
+            now = time.monotonic()
+            if self._closing and now >= self._deadline:
+                self._abandon_all()
+                return None
+            best: tuple[int, _Item] | None = None
+            for i, q in enumerate(self._queues):
+                if q and (best is None or q[0].due < best[1].due):
+                    best = (i, q[0])
+            if best is None:
+                if self._closing:
+                    return None
+                self._cv.wait()
+                continue
+            i, item = best
+            if self._closing and item.due > self._deadline:
+                self._queues[i].popleft()
+                self._stats.abandoned += 1
+                self._defer(
+                    logging.WARNING,
+                    "closing: gave up %s notification for %s to %s (next retry after the deadline)",
+                    item.event,
+                    item.transition.subject,
+                    self._notifiers[i].name,
+                )
+                continue
+            if item.due > now:
+                self._cv.wait(item.due - now)
+                continue
+            self._queues[i].popleft()
+            return best
+
+    def _settle(self, idx: int, item: _Item, reply: Reply, retry_after: float | None) -> None:
+        n = self._notifiers[idx]
+        item.attempt += 1
+        what = f"{item.event} notification for {item.transition.subject} to {n.name} {n.redacted}"
+        if reply.ok:
+            self._stats.delivered += 1
+            self._defer(logging.DEBUG, "delivered %s (attempt %d)", what, item.attempt)
+            return
+        error = scrub(reply.error, n.secrets)
+        if reply.retry and item.attempt < self._max_attempts:
+            if retry_after is not None:
+                delay = min(retry_after, self._retry_after_max_s)
+            else:
+                delay = min(self._backoff_s * 2 ** (item.attempt - 1), self._backoff_max_s)
+                delay *= 1.0 - self._jitter * random.random()
+            item.due = time.monotonic() + delay
+            item.last_error = error
+            self._stats.retried += 1
+            self._queues[idx].appendleft(item)  # keeps this destination's order
+            self._defer(logging.INFO, "retrying %s in %.2f s: %s", what, delay, error)
+            return
+        self._stats.failed += 1
+        self._defer(
+            logging.WARNING, "gave up %s after %d attempt(s): %s", what, item.attempt, error
+        )
+
+    def _attempt(self, n: Notifier, item: _Item) -> tuple[Reply, float | None]:
+        """One POST. Returns the verdict and a Retry-After delay (seconds) if the server gave one."""
+        req = n.build(item.transition, self._wall(), self._source)
+        with self._cv:
+            left = self._deadline - time.monotonic()
+        timeout = max(0.05, min(self._timeout_s, left))
+        try:
+            status, headers, body = post(self._opener, req, timeout)
+        except TimeoutError:
+            return Reply(False, True, f"no reply within {timeout:.2f} s"), None
+        except (OSError, ValueError) as e:
+            # URLError, refused connections, DNS and TLS failures; the text is scrubbed later.
+            reason = getattr(e, "reason", None) or e
+            return Reply(False, True, f"{type(e).__name__}: {reason}"), None
+        retry_after = retry_after_s(headers.get("retry-after"), self._wall())
+        if 200 <= status < 300:
+            return n.judge(status, body), None
+        snippet = body[:200].decode("utf-8", "replace").strip()
+        error = f"HTTP {status} {snippet}".strip()
+        return Reply(False, status in _RETRY_STATUSES, error), retry_after

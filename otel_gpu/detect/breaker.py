@@ -1,0 +1,286 @@
+"""Circuit breaker per subject: the moments actions fire.
+
+CLOSED --(alerts_to_open alerts within window_s)--> OPEN --(cooldown_s)--> HALF_OPEN
+HALF_OPEN --(probation_s without an alert)--> CLOSED;  HALF_OPEN --(any alert)--> OPEN.
+
+Pure and driven by the data's own time: every method takes the time from its arguments (an
+alert's ``time`` or ``now``), never from a clock, so replayed and live data give the same
+transitions. An *episode* is one CLOSED -> OPEN ... -> CLOSED cycle; a re-open from HALF_OPEN
+stays in the same episode, so actions keyed on the episode notify once per persistent problem.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from otel_gpu.detect.model import Alert
+from otel_gpu.errors import UsageError
+
+CLOSED = "closed"
+OPEN = "open"
+HALF_OPEN = "half_open"
+STATES = (CLOSED, OPEN, HALF_OPEN)
+
+# Value of the otel_gpu.breaker.state gauge for each state (higher is worse).
+STATE_VALUES = {CLOSED: 0, HALF_OPEN: 1, OPEN: 2}
+
+_STATE_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    """Breaker settings; times are seconds of data time."""
+
+    alerts_to_open: int = 1  # alerts within window_s that open the breaker
+    window_s: float = 300.0  # window over which alerts are counted while CLOSED
+    cooldown_s: float = 600.0  # time OPEN before probing (HALF_OPEN)
+    probation_s: float = 300.0  # alert-free time HALF_OPEN needs to close
+
+    def __post_init__(self) -> None:
+        if isinstance(self.alerts_to_open, bool) or not isinstance(self.alerts_to_open, int):
+            raise UsageError("breaker alerts_to_open must be an integer >= 1")
+        if self.alerts_to_open < 1:
+            raise UsageError("breaker alerts_to_open must be an integer >= 1")
+        for name in ("window_s", "cooldown_s", "probation_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise UsageError(f"breaker {name} must be a finite number of seconds >= 0")
+        if self.window_s <= 0:
+            raise UsageError("breaker window_s must be > 0 seconds")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> BreakerConfig:
+        """Settings from explicit ``overrides`` > ``OTEL_GPU_BREAKER_*`` > defaults.
+
+        Variables: OTEL_GPU_BREAKER_ALERTS_TO_OPEN (integer >= 1), OTEL_GPU_BREAKER_WINDOW_S
+        (seconds > 0), OTEL_GPU_BREAKER_COOLDOWN_S and OTEL_GPU_BREAKER_PROBATION_S (seconds
+        >= 0). A bad value raises UsageError naming the variable and the accepted values.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        spec = (
+            ("alerts_to_open", "OTEL_GPU_BREAKER_ALERTS_TO_OPEN", int, 1.0, "an integer >= 1"),
+            ("window_s", "OTEL_GPU_BREAKER_WINDOW_S", float, None, "a number of seconds > 0"),
+            ("cooldown_s", "OTEL_GPU_BREAKER_COOLDOWN_S", float, 0.0, "a number of seconds >= 0"),
+            ("probation_s", "OTEL_GPU_BREAKER_PROBATION_S", float, 0.0, "a number of seconds >= 0"),
+        )
+        for attr, var, kind, minimum, accepted in spec:
+            if attr in overrides:
+                values[attr] = overrides[attr]
+                continue
+            raw = env.get(var, "").strip()
+            if not raw:
+                continue
+            try:
+                value = kind(raw)
+            except ValueError:
+                raise UsageError(f"{var}={raw!r} is invalid: use {accepted}") from None
+            ok = math.isfinite(value) and (value > 0 if minimum is None else value >= minimum)
+            if not ok:
+                raise UsageError(f"{var}={raw!r} is invalid: use {accepted}")
+            values[attr] = value
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One state change of one subject's breaker, at data time ``time``."""
+
+    subject: str
+    from_state: str
+    to_state: str
+    time: float
+    reason: str  # one human sentence
+    alert: Alert | None  # the alert that caused it; None for time-driven transitions
+    episode: int  # 1 for the subject's first CLOSED -> OPEN, +1 for each later one
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (the alert as a nested dict, or None)."""
+        return {
+            "subject": self.subject,
+            "from_state": self.from_state,
+            "to_state": self.to_state,
+            "time": self.time,
+            "reason": self.reason,
+            "episode": self.episode,
+            "alert": None if self.alert is None else asdict(self.alert),
+        }
+
+
+@dataclass(slots=True)
+class _Subject:
+    state: str = CLOSED
+    since: float = -math.inf  # data time the current state was entered
+    last_time: float = -math.inf  # latest data time seen for this subject
+    episode: int = 0
+    alert_times: deque[float] = field(default_factory=deque)  # recent alerts while CLOSED
+    last_alert: Alert | None = None
+
+
+class Breaker:
+    """Circuit breakers for many subjects, one state machine each. Not thread-safe."""
+
+    def __init__(self, config: BreakerConfig | None = None) -> None:
+        self.config = config or BreakerConfig()
+        self._subjects: dict[str, _Subject] = {}
+
+    def state(self, subject: str) -> str:
+        """Current state of ``subject`` (CLOSED for a subject never seen)."""
+        s = self._subjects.get(subject)
+        return CLOSED if s is None else s.state
+
+    def episode(self, subject: str) -> int:
+        """Number of CLOSED -> OPEN transitions ``subject`` has had."""
+        s = self._subjects.get(subject)
+        return 0 if s is None else s.episode
+
+    def subjects(self) -> list[str]:
+        """Every subject the breaker holds state for."""
+        return list(self._subjects)
+
+    def record_alert(self, alert: Alert) -> list[Transition]:
+        """Feed one alert; returns the transitions it causes, oldest first.
+
+        Time first advances to ``alert.time`` (an OPEN breaker whose cool-down ended is probed
+        before the alert lands, so the alert re-opens it). An alert older than the subject's
+        latest time is judged at that latest time: data time never runs backwards.
+        """
+        if not math.isfinite(alert.time):
+            return []  # no place in time: cannot be judged
+        s = self._subjects.setdefault(alert.subject, _Subject())
+        out = self._advance(alert.subject, s, alert.time)
+        t = max(alert.time, s.last_time)
+        s.last_time = t
+        s.last_alert = alert
+        cfg = self.config
+        if s.state == CLOSED:
+            s.alert_times.append(t)
+            _prune(s.alert_times, t - cfg.window_s)
+            if len(s.alert_times) >= cfg.alerts_to_open:
+                s.episode += 1
+                count = len(s.alert_times)
+                s.alert_times.clear()
+                window = f" within {_fmt_s(cfg.window_s)}" if cfg.alerts_to_open > 1 else ""
+                reason = (
+                    f"{alert.subject}: opened on {count} {alert.kind} alert"
+                    f"{'s' if count != 1 else ''}{window}: {alert.message}"
+                )
+                out.append(self._move(alert.subject, s, OPEN, t, reason, alert))
+        elif s.state == HALF_OPEN:
+            reason = (
+                f"{alert.subject}: re-opened, {alert.kind} alert during probation: {alert.message}"
+            )
+            out.append(self._move(alert.subject, s, OPEN, t, reason, alert))
+        # While OPEN an alert changes nothing: the episode is already being acted on.
+        return out
+
+    def forget(self, subject: str) -> None:
+        """Drop a subject's state (e.g. its process is gone); it starts CLOSED if seen again."""
+        self._subjects.pop(subject, None)
+
+    def advance(self, subject: str, now: float) -> list[Transition]:
+        """Let data time pass to ``now`` for one subject; returns the time-driven transitions."""
+        s = self._subjects.get(subject)
+        if s is None:
+            return []
+        return self._advance(subject, s, now)
+
+    def advance_all(self, now: float) -> list[Transition]:
+        """Let data time pass to ``now`` for every subject."""
+        out: list[Transition] = []
+        for subject, s in self._subjects.items():
+            out.extend(self._advance(subject, s, now))
+        return out
+
+    def _advance(self, subject: str, s: _Subject, now: float) -> list[Transition]:
+        if not now > s.last_time:  # also rejects NaN
+            return []
+        s.last_time = now
+        cfg = self.config
+        out: list[Transition] = []
+        # Transitions carry the time they became due, not `now`, so a late tick reports the
+        # same times as a punctual one.
+        if s.state == OPEN and now >= s.since + cfg.cooldown_s:
+            at = s.since + cfg.cooldown_s
+            reason = f"{subject}: cool-down of {_fmt_s(cfg.cooldown_s)} over, probing for {_fmt_s(cfg.probation_s)}"
+            out.append(self._move(subject, s, HALF_OPEN, at, reason, None))
+        if s.state == HALF_OPEN and now >= s.since + cfg.probation_s:
+            at = s.since + cfg.probation_s
+            reason = f"{subject}: no alert for {_fmt_s(cfg.probation_s)} of probation, closed"
+            out.append(self._move(subject, s, CLOSED, at, reason, None))
+        if s.state == CLOSED:
+            _prune(s.alert_times, now - cfg.window_s)
+        return out
+
+    @staticmethod
+    def _move(
+        subject: str, s: _Subject, to: str, at: float, reason: str, alert: Alert | None
+    ) -> Transition:
+        t = Transition(subject, s.state, to, at, reason, alert, s.episode)
+        s.state = to
+        s.since = at
+        return t
+
+    def export_state(self) -> dict[str, Any]:
+        """JSON-serializable snapshot for persistence across restarts."""
+        subjects = {}
+        for name, s in self._subjects.items():
+            subjects[name] = {
+                "state": s.state,
+                "since": _num_out(s.since),
+                "last_time": _num_out(s.last_time),
+                "episode": s.episode,
+                "alert_times": list(s.alert_times),
+                "last_alert": None if s.last_alert is None else asdict(s.last_alert),
+            }
+        return {"version": _STATE_VERSION, "subjects": subjects}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any], config: BreakerConfig | None = None) -> Breaker:
+        """Rebuild a breaker from :meth:`export_state` output; ValueError if it is malformed."""
+        b = cls(config)
+        try:
+            if state.get("version") != _STATE_VERSION:
+                raise ValueError(f"unsupported version {state.get('version')!r}")
+            for name, d in state["subjects"].items():
+                if d["state"] not in STATES:
+                    raise ValueError(f"unknown state {d['state']!r}")
+                alert = d.get("last_alert")
+                b._subjects[str(name)] = _Subject(
+                    state=d["state"],
+                    since=_num_in(d["since"]),
+                    last_time=_num_in(d["last_time"]),
+                    episode=int(d["episode"]),
+                    alert_times=deque(float(x) for x in d["alert_times"]),
+                    last_alert=None if alert is None else Alert(**alert),
+                )
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            raise ValueError(f"invalid breaker state: {e}") from None
+        return b
+
+
+def _prune(times: deque[float], oldest: float) -> None:
+    while times and times[0] <= oldest:
+        times.popleft()
+
+
+def _num_out(x: float) -> float | None:
+    # JSON has no infinities; None stands for "never".
+    return x if math.isfinite(x) else None
+
+
+def _num_in(x: Any) -> float:
+    return -math.inf if x is None else float(x)
+
+
+def _fmt_s(seconds: float) -> str:
+    if seconds >= 3600 and seconds % 360 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60 and seconds % 6 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
