@@ -141,7 +141,7 @@ def _process_gpu(field: str) -> Reader:
                 continue
             # NVML reports host PIDs; unmapped ones are still reported under the host PID.
             proc = by_pid.get(snap.host_to_local.get(gp.pid, gp.pid))
-            attrs = process_attrs(proc) if proc is not None else {"process.pid": gp.pid}
+            attrs: Attrs = process_attrs(proc) if proc is not None else {"process.pid": gp.pid}
             attrs["hw.id"] = gp.gpu_uuid
             yield value, attrs
 

@@ -180,7 +180,7 @@ def _status_line(snap: Any, source: Any) -> str:
 
 
 def _count(data: Any) -> tuple[int, set[str]]:
-    points, names = 0, set()
+    points, names = 0, set[str]()
     if data is None:
         return 0, names
     for rm in data.resource_metrics:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from otel_gpu.sampling.snapshot import Snapshot
+from otel_gpu.sampling.procs import ProcessReading
+from otel_gpu.sampling.snapshot import ProcessSample, Snapshot
 from otel_gpu.sampling.source import DeviceReading, DeviceSource
 
 log = logging.getLogger("otel_gpu.sampler")
@@ -23,7 +24,7 @@ Listener = Callable[[Snapshot], None]
 class ProcessSource(Protocol):
     """What the sampler needs of :class:`otel_gpu.sampling.procs.ProcessTree`."""
 
-    def sample(self, gpu_pids: object = ...) -> object: ...
+    def sample(self, gpu_pids: Iterable[int] = ...) -> ProcessReading: ...
 
     def job_pids(self) -> list[int]: ...
 
@@ -67,7 +68,7 @@ class Sampler:
         except Exception:  # a source must not raise; if it does, the agent keeps going
             log.exception("GPU source failed; reporting no GPU data for this sweep")
             reading = DeviceReading(no_gpu_reason="GPU source error")
-        processes: tuple = ()
+        processes: tuple[ProcessSample, ...] = ()
         dropped = 0
         unmapped: tuple[int, ...] = ()
         host_to_local: dict[int, int] = {}
@@ -75,10 +76,10 @@ class Sampler:
             gpu_pids = sorted({p.pid for p in reading.gpu_processes})
             try:
                 procs = self.tree.sample(gpu_pids)
-                processes = procs.processes  # type: ignore[attr-defined]
-                dropped = procs.dropped  # type: ignore[attr-defined]
-                unmapped = procs.unmapped_gpu_pids  # type: ignore[attr-defined]
-                host_to_local = procs.host_to_local  # type: ignore[attr-defined]
+                processes = procs.processes
+                dropped = procs.dropped
+                unmapped = procs.unmapped_gpu_pids
+                host_to_local = procs.host_to_local
             except Exception:
                 log.exception("process sampling failed; reporting no process data for this sweep")
         snap = Snapshot(

@@ -1,0 +1,114 @@
+"""GPU host facts as resource attributes: driver versions, GPU count and models.
+
+Semconv has no attributes for these, so they are documented extensions under ``otel_gpu.``.
+NVML is asked through :meth:`otel_gpu.sampling.nvml.NvmlSource.host_info` on a helper thread
+with a deadline: a hung driver can't hold up the SDK's start-up (whose executor would wait for
+a blocked detector forever).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from opentelemetry.sdk.resources import Resource, ResourceDetector
+from opentelemetry.util.types import AttributeValue
+
+from otel_gpu.sampling.source import HostInfo
+
+log = logging.getLogger("otel_gpu.resource")
+
+GPU_DRIVER_VERSION = "otel_gpu.gpu.driver.version"  # e.g. "550.54.15"
+GPU_CUDA_DRIVER_VERSION = "otel_gpu.gpu.cuda_driver.version"  # e.g. "12.4"
+GPU_COUNT = "otel_gpu.gpu.count"  # int: GPUs the driver lists on the host
+GPU_MODELS = "otel_gpu.gpu.models"  # string[]: model name per GPU index
+
+DEFAULT_TIMEOUT_S = 3.0  # below the SDK's 5 s per-detector limit
+
+
+class HostInfoSource(Protocol):
+    def host_info(self) -> HostInfo: ...
+
+    def close(self) -> None: ...
+
+
+def host_attributes(info: HostInfo) -> dict[str, AttributeValue]:
+    """Resource attributes for ``info``; unknown fields are left out (never 0 or "")."""
+    attrs: dict[str, AttributeValue] = {}
+    if info.driver_version:
+        attrs[GPU_DRIVER_VERSION] = info.driver_version
+    if info.cuda_driver_version:
+        attrs[GPU_CUDA_DRIVER_VERSION] = info.cuda_driver_version
+    if info.gpu_count is not None:
+        attrs[GPU_COUNT] = info.gpu_count
+    if info.gpu_models:
+        attrs[GPU_MODELS] = list(info.gpu_models)
+    return attrs
+
+
+def _default_source() -> HostInfoSource:
+    """The simulated GPU when ``OTEL_GPU_SIMULATE`` is set (demo, no-GPU users), else NVML
+    (``OTEL_GPU_NVML_LIBRARY`` names the library file when set)."""
+    scenario = os.environ.get("OTEL_GPU_SIMULATE", "").strip()
+    if scenario:
+        from otel_gpu.sampling.sim import SimulatedSource
+
+        return SimulatedSource(scenario)
+    from otel_gpu.sampling.nvml import NvmlSource  # imported late: it loads pynvml
+
+    return NvmlSource(library_path=os.environ.get("OTEL_GPU_NVML_LIBRARY", "").strip() or None)
+
+
+class GpuHostResourceDetector(ResourceDetector):
+    """Driver version, CUDA driver version, GPU count and models of this host.
+
+    Without NVML (no driver, no GPU) the resource is empty and one warning is logged.
+    ``source_factory`` builds the source of :class:`HostInfo` (default: the simulated GPU when
+    ``OTEL_GPU_SIMULATE`` is set, else the real NVML source).
+    """
+
+    def __init__(
+        self,
+        raise_on_error: bool = False,
+        *,
+        source_factory: Callable[[], HostInfoSource] | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        super().__init__(raise_on_error)
+        self.source_factory = source_factory or _default_source
+        self.timeout_s = timeout_s
+
+    def detect(self) -> Resource:
+        result: list[HostInfo] = []
+        errors: list[BaseException] = []
+
+        def ask() -> None:
+            try:
+                source = self.source_factory()
+                try:
+                    result.append(source.host_info())
+                finally:
+                    source.close()
+            except BaseException as exc:  # reported by detect(); a thread must not die loudly
+                errors.append(exc)
+
+        # A daemon thread, not the SDK's executor: if NVML hangs, the process can still exit.
+        worker = threading.Thread(target=ask, name="otel-gpu-host-info", daemon=True)
+        worker.start()
+        worker.join(self.timeout_s)
+        if worker.is_alive():
+            log.warning(
+                "GPU host attributes not recorded: NVML did not answer in %gs", self.timeout_s
+            )
+            return Resource.get_empty()
+        if errors:
+            exc = errors[0]
+            log.warning("GPU host attributes not recorded: %s: %s", type(exc).__name__, exc)
+            return Resource.get_empty()
+        attrs = host_attributes(result[0]) if result else {}
+        if not attrs:
+            log.warning("GPU host attributes not recorded: no NVIDIA driver or GPU found")
+        return Resource(attrs)
