@@ -101,6 +101,9 @@ def test_run_with_simulated_gpu_prints_device_and_process_points() -> None:
     assert len(child_pids) == 1
     rss_pids = {p["attributes"]["process.pid"] for p in pts["process.memory.usage"]}
     assert child_pids <= rss_pids
+    # The resource carries git provenance (the tests run in this repository) and the GPU host.
+    assert '"vcs.ref.head.revision"' in res.stdout
+    assert '"otel_gpu.gpu.models": [' in res.stdout
 
 
 def test_run_forwards_sigterm_and_reports_the_jobs_exit(tmp_path: Path) -> None:

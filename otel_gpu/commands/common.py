@@ -75,19 +75,20 @@ def setup_logging(verbose: bool) -> None:
     )
 
 
-def build_resource(service_name: str | None, command: Sequence[str] | None = None) -> Resource:
-    """Service, git provenance and job context (each detector is bounded and never raises)."""
-    from opentelemetry.sdk.resources import get_aggregated_resources
+def build_resource(
+    service_name: str | None, command: Sequence[str] | None = None, settings: Settings | None = None
+) -> Resource:
+    """Service, git provenance, GPU host and job context (each detector is bounded and never
+    raises). The host detector reads the same GPU source the agent will (NVML or simulated)."""
+    from opentelemetry.sdk.resources import ResourceDetector, get_aggregated_resources
 
+    from otel_gpu.agent import make_source
     from otel_gpu.export import default_service_name
+    from otel_gpu.resource import GitResourceDetector, GpuHostResourceDetector, JobResourceDetector
 
-    detectors = []
-    try:
-        from otel_gpu.resource import GitResourceDetector, JobResourceDetector
-
-        detectors = [GitResourceDetector(), JobResourceDetector()]
-    except ImportError:
-        pass
+    detectors: list[ResourceDetector] = [GitResourceDetector(), JobResourceDetector()]
+    if settings is not None:
+        detectors.append(GpuHostResourceDetector(source_factory=lambda: make_source(settings)))
     name = service_name or default_service_name(command)
     base = Resource.create({SERVICE_NAME: name})
     return get_aggregated_resources(detectors, initial_resource=base, timeout=5)

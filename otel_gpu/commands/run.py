@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Own the node before the job starts, so an auto-instrumented job does not sample it twice.
     acquire_node_lock(settings.lock_dir)
-    provider = meter_provider(settings, build_resource(args.service_name, cmd))
+    provider = meter_provider(settings, build_resource(args.service_name, cmd, settings))
     try:
         child = subprocess.Popen(cmd, start_new_session=True)
     except OSError as exc:

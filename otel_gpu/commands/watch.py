@@ -47,7 +47,7 @@ def watch(args: argparse.Namespace) -> int:
     from otel_gpu.export import meter_provider, shutdown_provider
 
     acquire_node_lock(settings.lock_dir)
-    provider = meter_provider(settings, build_resource(args.service_name, [name]))
+    provider = meter_provider(settings, build_resource(args.service_name, [name], settings))
     agent = Agent(
         settings,
         meter_provider=provider,
