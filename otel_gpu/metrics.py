@@ -96,16 +96,23 @@ def _status(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
             yield (1.0 if g.status == state else 0.0), {**base, "hw.state": state}
 
 
-def _throttle(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
-    for g in snap.gpus:
-        if g.throttle_reasons is None:
-            continue
-        base = gpu_attrs(g)
-        for bit, reason in THROTTLE_REASONS.items():
-            yield (
-                (1.0 if g.throttle_reasons & bit else 0.0),
-                {**base, "otel_gpu.throttle.reason": reason},
-            )
+def _throttle_reader() -> Reader:
+    """1 while a reason is active, 0 once it has cleared. Reasons a GPU never reported are left
+    out: nine always-zero series per GPU would cost collection time and say nothing."""
+    ever: dict[str, int] = {}  # GPU UUID -> every reason bit seen so far
+
+    def read(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
+        for g in snap.gpus:
+            if g.throttle_reasons is None:
+                continue
+            seen = ever[g.uuid] = ever.get(g.uuid, 0) | g.throttle_reasons
+            base = gpu_attrs(g)
+            for bit, reason in THROTTLE_REASONS.items():
+                if seen & bit:
+                    active = 1.0 if g.throttle_reasons & bit else 0.0
+                    yield active, {**base, "otel_gpu.throttle.reason": reason}
+
+    return read
 
 
 def process_attrs(p: ProcessSample) -> Attrs:
@@ -246,8 +253,8 @@ INSTRUMENTS: tuple[Instrument, ...] = (
         "otel_gpu.gpu.throttle",
         GAUGE,
         "1",
-        "1 while a clocks-event (throttle) reason is active",
-        _throttle,
+        "1 while a clocks-event (throttle) reason is active, 0 after it cleared",
+        _throttle_reader(),
     ),
     Instrument(
         "process.gpu.memory.usage",

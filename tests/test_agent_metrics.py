@@ -126,14 +126,18 @@ def test_failed_gpu_reports_failed_status_while_others_flow() -> None:
     assert [a["hw.id"] for _, a, _ in got["hw.gpu.memory.usage"]] == ["GPU-ok"]
 
 
-def test_throttle_reasons_are_decoded() -> None:
-    snap = Snapshot(time=1.0, gpus=(GpuSample(uuid="G", index=0, throttle_reasons=0x4 | 0x40),))
+def test_throttle_reasons_are_decoded_and_reported_until_cleared() -> None:
+    current = [
+        Snapshot(time=1.0, gpus=(GpuSample(uuid="G", index=0, throttle_reasons=0x4 | 0x40),))
+    ]
     reader = InMemoryMetricReader()
-    metrics.register(MeterProvider(metric_readers=[reader]).get_meter("t"), lambda: snap)
-    active = {
-        a["otel_gpu.throttle.reason"] for v, a, _ in collect(reader)["otel_gpu.gpu.throttle"] if v
-    }
-    assert active == {"sw_power_cap", "hw_thermal_slowdown"}
+    metrics.register(MeterProvider(metric_readers=[reader]).get_meter("t"), lambda: current[0])
+    got = {a["otel_gpu.throttle.reason"]: v for v, a, _ in collect(reader)["otel_gpu.gpu.throttle"]}
+    assert got == {"sw_power_cap": 1, "hw_thermal_slowdown": 1}
+    # The thermal slowdown clears: it reads 0 (not stale), and never-seen reasons stay absent.
+    current[0] = Snapshot(time=2.0, gpus=(GpuSample(uuid="G", index=0, throttle_reasons=0x4),))
+    got = {a["otel_gpu.throttle.reason"]: v for v, a, _ in collect(reader)["otel_gpu.gpu.throttle"]}
+    assert got == {"sw_power_cap": 1, "hw_thermal_slowdown": 0}
 
 
 def test_unmapped_gpu_process_is_reported_under_its_host_pid() -> None:
