@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "otel_gpu.commands.run",
     "otel_gpu.commands.watch",
     "otel_gpu.commands.doctor",
+    "otel_gpu.commands.analyze",
     "otel_gpu.commands.processor",
 )
 

@@ -28,7 +28,16 @@ def test_demo_finds_the_leak_opens_the_breaker_and_notifies_within_a_minute() ->
 
 def test_demo_steady_scenario_raises_no_alert() -> None:
     res = subprocess.run(
-        [sys.executable, "-m", "otel_gpu.cli", "demo", "--scenario", "steady", "--max-seconds", "12"],
+        [
+            sys.executable,
+            "-m",
+            "otel_gpu.cli",
+            "demo",
+            "--scenario",
+            "steady",
+            "--max-seconds",
+            "12",
+        ],
         capture_output=True,
         text=True,
         timeout=60,

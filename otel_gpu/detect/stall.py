@@ -1,0 +1,276 @@
+"""Stall detector ("fake running"): the job holds GPU memory while the GPU does no useful work.
+
+A subject is idle when its smoothed utilization is near zero, or spinning when utilization is
+pinned high at near-idle power (a hung collective). A stall is an idle or spinning run that
+lasts ``stall_window_s`` while memory stays held, or training steps that stop advancing.
+
+No alarm:
+- during a known load, evaluate or save phase (up to ``stall_phase_max_s``);
+- for pauses without phase information shorter than the window (checkpoint saves); idle runs
+  that ended on their own stretch the window for this subject (a job that saves for 12 minutes
+  every hour needs more than 12 minutes of idleness to be stalled);
+- while memory is still moving (loading), or before the job has ever worked within
+  ``stall_startup_window_s``;
+- when memory is released or no process is left (the job finished);
+- when steps advance (a slow, input-bound job is working).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from otel_gpu.detect.config import DetectConfig
+from otel_gpu.detect.model import PHASE_EVALUATE, PHASE_LOAD, PHASE_SAVE, Point
+
+_QUIET_PHASES = frozenset((PHASE_LOAD, PHASE_EVALUATE, PHASE_SAVE))
+_GIB = float(1 << 30)
+
+IDLE = "idle"
+SPIN = "spin"
+STEPS = "steps"
+BUSY = "busy"
+
+
+@dataclass(frozen=True, slots=True)
+class StallFinding:
+    """A stall that just started being certain."""
+
+    mode: str  # IDLE, SPIN or STEPS
+    since: float  # data time the idleness began
+    duration_s: float
+    util: float | None
+    power_fraction: float | None
+    used_bytes: float | None
+
+
+class StallState:
+    """Per-subject stall evidence (a handful of floats)."""
+
+    __slots__ = (
+        "cfg",
+        "last_t",
+        "util_s",
+        "power_s",
+        "power_peak",
+        "raw_idle_since",
+        "raw_mode",
+        "idle_since",
+        "idle_mode",
+        "idle_used",
+        "worked",
+        "longest_recovered",
+        "phase",
+        "phase_since",
+        "last_step",
+        "step_changed",
+        "step_interval",
+        "alerted",
+        "steps_alerted",
+        "power_frac",
+        "busy_since",
+        "idle_learnable",
+    )
+
+    def __init__(self, cfg: DetectConfig) -> None:
+        self.cfg = cfg
+        self.last_t: float | None = None
+        self.util_s: float | None = None
+        self.power_s: float | None = None
+        self.power_peak = 0.0
+        self.raw_idle_since: float | None = None
+        self.raw_mode: str | None = None
+        self.idle_since: float | None = None
+        self.idle_mode = IDLE
+        self.idle_used: float | None = None
+        self.worked = False
+        self.longest_recovered = 0.0
+        self.phase: str | None = None
+        self.phase_since = 0.0
+        self.last_step: float | None = None
+        self.step_changed: float | None = None
+        self.step_interval: float | None = None
+        self.alerted = False
+        self.steps_alerted = False
+        self.power_frac: float | None = None
+        self.busy_since: float | None = None
+        self.idle_learnable = False
+
+    def _smooth(self, prev: float | None, value: float, dt: float) -> float:
+        if prev is None:
+            return value
+        alpha = 1.0 - math.exp(-dt / self.cfg.stall_smoothing_s)
+        return prev + alpha * (value - prev)
+
+    def _end_idle(self, t: float) -> None:
+        if self.idle_since is not None and not self.alerted and self.idle_learnable:
+            # A pause that ended on its own (e.g. a checkpoint save) teaches the window.
+            self.longest_recovered = max(self.longest_recovered, t - self.idle_since)
+        self.idle_since = None
+        self.alerted = False
+
+    def window(self) -> float:
+        cfg = self.cfg
+        base = cfg.stall_window_s if self.worked else cfg.stall_startup_window_s
+        adapted = min(cfg.stall_window_max_s, cfg.stall_adapt_factor * self.longest_recovered)
+        return max(base, adapted)
+
+    def observe(self, p: Point) -> StallFinding | None:
+        cfg = self.cfg
+        t = p.time
+        dt = 0.0 if self.last_t is None else max(0.0, t - self.last_t)
+        self.last_t = t
+        if p.util is not None:
+            self.util_s = self._smooth(self.util_s, p.util, dt)
+        if p.power_w is not None:
+            self.power_s = self._smooth(self.power_s, p.power_w, dt)
+        # The raw reading marks when a run really began; smoothing only confirms it.
+        raw = self._raw_mode(p)
+        if raw is None or raw == BUSY:
+            self.raw_idle_since = None
+        elif raw != self.raw_mode or self.raw_idle_since is None:
+            self.raw_idle_since = t
+        self.raw_mode = raw
+        if p.phase != self.phase:
+            self.phase = p.phase
+            self.phase_since = t
+
+        # Not holding the GPU: finished or not started; nothing can be stalled.
+        limit = p.limit_bytes or 0.0
+        held_min = max(cfg.stall_min_held_bytes, 0.01 * limit)
+        if (p.procs is not None and p.procs <= 0) or (
+            p.used_bytes is not None and p.used_bytes <= held_min
+        ):
+            self._end_idle(t)
+            self.longest_recovered = 0.0
+            self.worked = False
+            self.last_step = None
+            self.step_interval = None
+            return None
+
+        steps_moving = self._track_steps(t, p.step)
+        mode = self._classify(p)
+        if p.phase in _QUIET_PHASES and t - self.phase_since < cfg.stall_phase_max_s:
+            # Sanctioned pause: not counted, and it does not stretch the window either.
+            self.idle_since = None
+            self.alerted = False
+            return None
+        if steps_moving or self._steps_alive(t):
+            # Steps advance at their usual pace: slow (input-bound) perhaps, but working.
+            self.worked = True
+            self._end_idle(t)
+            self.raw_idle_since = None
+            return None
+        if mode is None:
+            return self._stuck_steps(t, p)
+        if mode == BUSY:
+            self.worked = True
+            if self.busy_since is None:
+                self.busy_since = t
+            # A blip of activity (a watchdog kernel, one metrics read) does not end a hang:
+            # work must last a smoothing time constant and span two samples.
+            if self.idle_since is None or (
+                t - self.busy_since >= self.cfg.stall_smoothing_s and t > self.busy_since
+            ):
+                self._end_idle(t)
+            return self._stuck_steps(t, p)
+        self.busy_since = None
+
+        # Idle or spinning while holding memory.
+        if self.idle_since is None:
+            start = self.raw_idle_since if mode == self.raw_mode else None
+            self.idle_since = t if start is None else start
+            self.idle_mode = mode
+            self.idle_used = p.used_bytes
+            # Only pauses of a job that had worked teach the window (not model loading).
+            self.idle_learnable = self.worked
+        elif (
+            p.used_bytes is not None
+            and self.idle_used is not None
+            and abs(p.used_bytes - self.idle_used) > max(0.05 * self.idle_used, _GIB)
+        ):
+            # Memory still moving: loading or reshaping, not hung. Restart the clock.
+            self.idle_since = t
+            self.idle_used = p.used_bytes
+        duration = t - self.idle_since
+        if not self.alerted and duration >= self.window():
+            self.alerted = True
+            return StallFinding(
+                mode, self.idle_since, duration, self.util_s, self.power_frac, p.used_bytes
+            )
+        return self._stuck_steps(t, p)
+
+    def _raw_mode(self, p: Point) -> str | None:
+        cfg = self.cfg
+        if p.util is None:
+            return None
+        if p.util < cfg.stall_util_idle:
+            return IDLE
+        if p.util >= cfg.stall_spin_util and p.power_w is not None:
+            ref = p.power_limit_w if p.power_limit_w else self.power_peak
+            if ref and p.power_w / ref <= cfg.stall_spin_power_fraction:
+                return SPIN
+        return BUSY
+
+    def _classify(self, p: Point) -> str | None:
+        """IDLE, SPIN, BUSY or None (unknown) from smoothed utilization and power."""
+        cfg = self.cfg
+        frac: float | None = None
+        if self.power_s is not None:
+            if p.power_limit_w is not None and p.power_limit_w > 0:
+                frac = self.power_s / p.power_limit_w
+            elif self.power_peak > 0:
+                frac = self.power_s / self.power_peak  # no limit known: relative to busy power
+            if self.util_s is not None and self.util_s >= 0.5:
+                self.power_peak = max(self.power_peak, self.power_s)
+        self.power_frac = frac
+        if self.util_s is not None:
+            if self.util_s < cfg.stall_util_idle:
+                return IDLE
+            if (
+                self.util_s >= cfg.stall_spin_util
+                and frac is not None
+                and frac <= cfg.stall_spin_power_fraction
+            ):
+                return SPIN
+            return BUSY
+        if frac is not None:
+            return IDLE if frac <= cfg.stall_spin_power_fraction else BUSY
+        return None
+
+    def _track_steps(self, t: float, step: float | None) -> bool:
+        """True when the step counter just advanced."""
+        if step is None:
+            return False
+        if self.last_step is None or step < self.last_step:
+            self.last_step = step
+            self.step_changed = t
+            return False
+        if step > self.last_step:
+            if self.step_changed is not None:
+                gap = (t - self.step_changed) / (step - self.last_step)
+                prev = self.step_interval
+                self.step_interval = gap if prev is None else prev + 0.2 * (gap - prev)
+            self.last_step = step
+            self.step_changed = t
+            self.steps_alerted = False
+            return True
+        return False
+
+    def _steps_alive(self, t: float) -> bool:
+        if self.step_interval is None or self.step_changed is None:
+            return False
+        return t - self.step_changed <= 3 * self.step_interval
+
+    def _stuck_steps(self, t: float, p: Point) -> StallFinding | None:
+        """Steps reported and advancing before, now frozen far longer than usual."""
+        if self.step_interval is None or self.step_changed is None or self.steps_alerted:
+            return None
+        limit = max(self.window(), self.cfg.stall_step_factor * self.step_interval)
+        frozen = t - self.step_changed
+        if frozen >= limit:
+            self.steps_alerted = True
+            return StallFinding(
+                STEPS, self.step_changed, frozen, self.util_s, self.power_frac, p.used_bytes
+            )
+        return None

@@ -1,0 +1,158 @@
+"""Threshold, hardware and anomaly detectors: simple rules with hysteresis, one alert per episode."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from otel_gpu.detect.config import DetectConfig
+from otel_gpu.detect.model import Point
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A rule that just started holding."""
+
+    kind: str  # "memory", "temperature", "ecc", "xid" or "anomaly"
+    message: str
+    value: float
+    limit: float | None = None
+    metric: str | None = None
+
+
+class ThresholdState:
+    """Memory utilization high and rising; temperature high; ECC and Xid counters increasing."""
+
+    __slots__ = ("cfg", "mem_base", "mem_alerted", "temp_alerted", "ecc", "xid")
+
+    def __init__(self, cfg: DetectConfig) -> None:
+        self.cfg = cfg
+        self.mem_base: float | None = None  # lowest usage since crossing the limit
+        self.mem_alerted = False
+        self.temp_alerted = False
+        self.ecc: float | None = None
+        self.xid: float | None = None
+
+    def observe(self, p: Point) -> list[Finding]:
+        cfg = self.cfg
+        out: list[Finding] = []
+        if cfg.threshold_enabled:
+            mem = self._memory(p)
+            if mem is not None:
+                out.append(mem)
+            temp = self._temperature(p)
+            if temp is not None:
+                out.append(temp)
+        if cfg.hardware_enabled:
+            self.ecc, ecc = _counter(self.ecc, p.ecc_uncorrected)
+            if ecc:
+                out.append(
+                    Finding("ecc", f"{ecc:g} new uncorrected ECC error(s)", p.ecc_uncorrected or 0)
+                )
+            self.xid, xid = _counter(self.xid, p.xid_errors)
+            if xid:
+                out.append(Finding("xid", f"{xid:g} new Xid error(s)", p.xid_errors or 0))
+        return out
+
+    def _memory(self, p: Point) -> Finding | None:
+        used, limit = p.used_bytes, p.limit_bytes
+        if used is None or limit is None or limit <= 0:
+            return None
+        cfg = self.cfg
+        frac = used / limit
+        # Hysteresis of two points of utilization so a value sitting on the limit alerts once.
+        if frac < cfg.memory_utilization_limit - 0.02:
+            self.mem_base = None
+            self.mem_alerted = False
+            return None
+        if frac < cfg.memory_utilization_limit:
+            return None
+        if self.mem_base is None or used < self.mem_base:
+            self.mem_base = used
+        if self.mem_alerted or used - self.mem_base < cfg.memory_rise_fraction * limit:
+            return None
+        self.mem_alerted = True
+        return Finding(
+            "memory",
+            f"memory {frac:.1%} of the limit and rising",
+            frac,
+            cfg.memory_utilization_limit,
+        )
+
+    def _temperature(self, p: Point) -> Finding | None:
+        temp = p.temperature_c
+        if temp is None:
+            return None
+        cfg = self.cfg
+        if temp < cfg.temperature_limit_c - cfg.temperature_hysteresis_c:
+            self.temp_alerted = False
+            return None
+        if temp < cfg.temperature_limit_c or self.temp_alerted:
+            return None
+        self.temp_alerted = True
+        return Finding(
+            "temperature",
+            f"temperature {temp:g} Cel above the limit {cfg.temperature_limit_c:g} Cel",
+            temp,
+            cfg.temperature_limit_c,
+        )
+
+
+def _counter(prev: float | None, value: float | None) -> tuple[float | None, float]:
+    """(new remembered value, increase). The first value is a baseline; a reset is a new one."""
+    if value is None:
+        return prev, 0.0
+    if prev is None or value < prev:
+        return value, 0.0
+    return value, value - prev
+
+
+class AnomalyState:
+    """EWMA mean and variance per configured metric; alert leaving the mean +- k sigma band."""
+
+    __slots__ = ("cfg", "stats")
+
+    def __init__(self, cfg: DetectConfig) -> None:
+        self.cfg = cfg
+        # metric -> [count, mean, variance, alerted(0/1)]
+        self.stats: dict[str, list[float]] = {}
+
+    def observe(self, p: Point) -> list[Finding]:
+        cfg = self.cfg
+        out: list[Finding] = []
+        for name in cfg.anomaly_metrics:
+            x = p.extra.get(name)
+            if x is None or not math.isfinite(x):
+                continue
+            st = self.stats.get(name)
+            if st is None:
+                self.stats[name] = [1.0, x, 0.0, 0.0]
+                continue
+            count, mean, var, alerted = st
+            sigma = math.sqrt(var)
+            dev = abs(x - mean)
+            # Scale floor: a perfectly flat metric must not alert on rounding noise.
+            floor = 1e-9 * max(1.0, abs(mean))
+            outside = count >= cfg.anomaly_warmup and dev > cfg.anomaly_k * max(sigma, floor)
+            inside = dev <= (cfg.anomaly_k - 1.0) * max(sigma, floor)
+            if outside and not alerted:
+                alerted = 1.0
+                out.append(
+                    Finding(
+                        "anomaly",
+                        f"{name} = {x:g} outside {mean:g} +- {cfg.anomaly_k:g} sigma ({sigma:g})",
+                        x,
+                        metric=name,
+                    )
+                )
+            elif inside:
+                alerted = 0.0
+            # Outliers update the band clamped at its edge so one spike does not blow it open.
+            a = cfg.anomaly_alpha
+            edge = cfg.anomaly_k * max(sigma, floor)
+            xc = min(max(x, mean - edge), mean + edge) if count >= cfg.anomaly_warmup else x
+            diff = xc - mean
+            mean += a * diff
+            var = (1 - a) * (var + a * diff * diff)
+            self.stats[name] = [count + 1, mean, var, alerted]
+        return out

@@ -1,0 +1,129 @@
+"""CSV traces for ``otel-gpu analyze``: read and validate a file, replay it through the engine.
+
+Format: a header with ``time_s,used_bytes,limit_bytes`` and optionally ``util`` (0..1),
+``procs``, ``phase``, ``power_w``, ``power_limit_w``, ``step``, ``temperature_c``,
+``ecc_uncorrected``, ``xid_errors``, in any order. Other columns are ignored. An empty cell is
+unknown. Time must not go backwards.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from otel_gpu.detect.engine import Engine
+from otel_gpu.detect.model import Alert, Point
+from otel_gpu.errors import UsageError
+
+REQUIRED = ("time_s", "used_bytes", "limit_bytes")
+# Numeric columns, named as the Point fields they fill.
+_FLOATS = (
+    "used_bytes",
+    "limit_bytes",
+    "util",
+    "power_w",
+    "power_limit_w",
+    "step",
+    "temperature_c",
+    "ecc_uncorrected",
+    "xid_errors",
+)
+
+
+class TraceError(UsageError):
+    """A trace file that cannot be read; the message names the file and line."""
+
+
+def read_trace(path: str | os.PathLike[str]) -> list[Point]:
+    """All points of a CSV trace, validated. Raises TraceError on the first problem."""
+    name = os.fspath(path)
+    try:
+        with open(name, newline="", encoding="utf-8") as fh:
+            return _parse(name, fh)
+    except FileNotFoundError:
+        raise TraceError(f"{name}: no such file") from None
+    except IsADirectoryError:
+        raise TraceError(f"{name}: is a directory, expected a CSV file") from None
+    except PermissionError:
+        raise TraceError(f"{name}: permission denied") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"{name}: not a UTF-8 text CSV file") from None
+    except csv.Error as exc:
+        raise TraceError(f"{name}: malformed CSV ({exc})") from None
+
+
+def _parse(name: str, lines: Iterable[str]) -> list[Point]:
+    reader = csv.reader(lines)
+    header = next(reader, None)
+    if not header:
+        raise TraceError(f"{name}:1: empty file, expected a header starting with time_s,used_bytes")
+    cols = [h.strip() for h in header]
+    missing = [c for c in REQUIRED if c not in cols]
+    if missing:
+        raise TraceError(
+            f"{name}:1: header lacks {', '.join(missing)}; expected "
+            f"'time_s,used_bytes,limit_bytes[,util,procs,phase,power_w,power_limit_w]'"
+        )
+    index = {c: i for i, c in enumerate(cols)}
+    float_cols = [(index[c], c) for c in _FLOATS if c in index]
+    i_time = index["time_s"]
+    i_procs = index.get("procs")
+    i_phase = index.get("phase")
+    points: list[Point] = []
+    last = -math.inf
+    for row in reader:
+        line = reader.line_num
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) != len(cols):
+            raise TraceError(f"{name}:{line}: {len(row)} values, header has {len(cols)}")
+        t = _number(name, line, "time_s", row[i_time])
+        if t is None:
+            raise TraceError(f"{name}:{line}: time_s is empty")
+        if t < last:
+            raise TraceError(f"{name}:{line}: time goes backwards ({t:g} after {last:g})")
+        last = t
+        values: dict[str, object] = {"time": t}
+        for i, field in float_cols:
+            values[field] = _number(name, line, cols[i], row[i])
+        if i_procs is not None:
+            procs = _number(name, line, "procs", row[i_procs])
+            if procs is not None and not procs.is_integer():
+                raise TraceError(f"{name}:{line}: procs {row[i_procs]!r} is not an integer")
+            values["procs"] = None if procs is None else int(procs)
+        if i_phase is not None:
+            values["phase"] = row[i_phase].strip() or None
+        points.append(Point(**values))  # type: ignore[arg-type]
+    return points
+
+
+def _number(name: str, line: int, col: str, text: str) -> float | None:
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise TraceError(f"{name}:{line}: {col} {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise TraceError(f"{name}:{line}: {col} {text!r} is not a finite number")
+    return value
+
+
+def subject_for(path: str | os.PathLike[str]) -> str:
+    """The subject a replayed file is judged as: ``job:<file name without extension>``."""
+    return f"job:{Path(path).stem}"
+
+
+def replay(engine: Engine, subject: str, points: Iterable[Point]) -> list[Alert]:
+    """Feed points in order; all alerts raised, then the subject is forgotten."""
+    alerts: list[Alert] = []
+    try:
+        for p in points:
+            alerts.extend(engine.observe(subject, p))
+    finally:
+        engine.forget(subject)
+    return alerts
