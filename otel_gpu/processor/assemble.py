@@ -1,0 +1,259 @@
+"""Assemble decoded points into one detection :class:`Point` per subject per timestamp.
+
+An agent's collection shares one timestamp, but a collector may split it over several requests,
+so a subject's point stays *pending* until a newer timestamp arrives for it or until it has been
+pending ``grace_s`` of wall time (:meth:`Assembler.flush_due`). Points older than a subject's
+pending or last emitted time are late: counted and dropped (detection is causal and in time
+order). State is bounded: at most ``max_series`` subjects (more are counted as overflow), each
+holding one pending point; subjects silent for ``ttl_s`` are evicted (:meth:`Assembler.evict`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from otel_gpu.detect.model import Point
+from otel_gpu.processor.decode import (
+    DEVICE,
+    F_LIMIT,
+    F_PHASE,
+    F_PROCS,
+    F_USED,
+    PROCESS_GPU,
+    ResourceInfo,
+)
+
+_NFIELDS = 9
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """A detection subject: its name (the engine and breaker key) and output attributes."""
+
+    name: str
+    kind: str
+    resource: ResourceInfo
+    attrs: tuple[tuple[str, str | int], ...]  # point attributes of detector outputs
+    hw_id: str | None = None
+    pid: int | None = None
+
+
+class _Series:
+    __slots__ = ("subject", "t", "vals", "last_t", "seen", "limit")
+
+    def __init__(self, subject: Subject) -> None:
+        self.subject = subject
+        self.t = 0  # pending timestamp (ns); 0 when nothing is pending
+        self.vals: list[float | None] = [None] * _NFIELDS
+        self.last_t = 0  # last emitted timestamp (ns)
+        self.seen = 0.0  # wall time of the last point (for eviction)
+        self.limit: float | None = None  # last known memory limit (devices)
+
+
+class _Target:
+    __slots__ = ("series", "fld", "device")
+
+    def __init__(self, series: _Series, fld: int, device: _Series | None) -> None:
+        self.series = series
+        self.fld = fld
+        self.device = device  # the GPU whose process count this point adds to
+
+
+class _Job:
+    __slots__ = ("phase_t", "phase", "step_t", "step")
+
+    def __init__(self) -> None:
+        self.phase_t = self.step_t = 0
+        self.phase: float | str | None = None
+        self.step: float | str | None = None
+
+
+def subject_name(res: ResourceInfo, kind: str, hw_id: str | None, pid: int | None) -> str:
+    """Human-readable, stable subject name, e.g. ``host.name=n1 gpu GPU-3f..``."""
+    if kind == DEVICE:
+        return f"{res.label} gpu {hw_id}"
+    if kind == PROCESS_GPU:
+        return f"{res.label} pid {pid} gpu {hw_id}"
+    where = f" gpu {hw_id}" if hw_id is not None else ""
+    who = "" if pid is None else f" pid {pid}"
+    return f"{res.label}{who} {kind}{where}"
+
+
+class Assembler:
+    """Collects routed points per subject and hands complete Points to ``emit``. Not thread-safe.
+
+    ``emit(subject, point)`` is called in data-time order per subject.
+    """
+
+    def __init__(
+        self,
+        emit: Callable[[Subject, Point], None],
+        max_series: int,
+        grace_s: float,
+        ttl_s: float,
+    ) -> None:
+        self._emit = emit
+        self._max = max_series
+        self._grace = grace_s
+        self._ttl = ttl_s
+        self._series: dict[tuple[str, str, str | None, int | None], _Series] = {}
+        self._jobs: dict[str, _Job] = {}
+        self._opened: deque[tuple[float, _Series, int]] = deque()
+        self.now = 0.0  # wall clock of the request being decoded; set by the caller
+        self.generation = 0  # bumped when subjects are evicted: cached targets are stale
+        self.overflow = 0  # points of subjects refused by the cap
+        self.late = 0  # points older than their subject's pending/emitted time
+        self.emitted = 0  # Points handed to emit
+
+    def __len__(self) -> int:
+        return len(self._series)
+
+    def target(
+        self, res: ResourceInfo, kind: str, hw_id: str | None, pid: int | None, fld: int
+    ) -> _Target | None:
+        """Handle for one series' field (the decoder caches it); None when the cap refuses."""
+        s = self._get(res, kind, hw_id, pid)
+        if s is None:
+            return None
+        dev = None
+        if kind == PROCESS_GPU and fld == F_USED:
+            # Count the processes holding each GPU at a timestamp: the stall detector's
+            # "someone holds the GPU" signal.
+            dev = self._get(res, DEVICE, hw_id, None)
+        return _Target(s, fld, dev)
+
+    def put(self, tg: _Target, time_ns: int, value: float) -> None:
+        """One routed point (the decoder's Sink); the hot path, hence inlined."""
+        s = tg.series
+        if time_ns != s.t:
+            if time_ns > s.t and time_ns > s.last_t:
+                if s.t:
+                    self._flush(s)
+                s.t = time_ns
+                s.seen = self.now
+                self._opened.append((self.now, s, time_ns))
+            else:
+                self.late += 1
+                return
+        s.vals[tg.fld] = value
+        dev = tg.device
+        if dev is not None:
+            if time_ns != dev.t:
+                if time_ns > dev.t and time_ns > dev.last_t:
+                    if dev.t:
+                        self._flush(dev)
+                    dev.t = time_ns
+                    dev.seen = self.now
+                    self._opened.append((self.now, dev, time_ns))
+                else:
+                    return
+            dev.vals[F_PROCS] = (dev.vals[F_PROCS] or 0) + 1
+
+    def put_job(self, res: ResourceInfo, time_ns: int, fld: int, value: float | str) -> None:
+        """training.phase / training.step of a reporter; applies to all its subjects."""
+        job = self._jobs.get(res.job)
+        if job is None:
+            if len(self._jobs) >= self._max:
+                self.overflow += 1
+                return
+            job = self._jobs[res.job] = _Job()
+        if fld == F_PHASE:
+            if time_ns >= job.phase_t:
+                job.phase_t, job.phase = time_ns, value
+        elif time_ns >= job.step_t:
+            job.step_t, job.step = time_ns, value
+
+    def _get(
+        self, res: ResourceInfo, kind: str, hw_id: str | None, pid: int | None
+    ) -> _Series | None:
+        key = (res.label, kind, hw_id, pid)
+        s = self._series.get(key)
+        if s is None:
+            if len(self._series) >= self._max:
+                self.overflow += 1
+                return None
+            attrs: list[tuple[str, str | int]] = []
+            if pid is not None:
+                attrs.append(("process.pid", pid))
+            if hw_id is not None and hw_id.startswith("gpu.index="):
+                attrs.append(("gpu.index", int(hw_id.partition("=")[2])))
+            elif hw_id is not None:
+                attrs.append(("hw.id", hw_id))
+            name = subject_name(res, kind, hw_id, pid)
+            attrs.append(("otel_gpu.subject", name))
+            s = self._series[key] = _Series(Subject(name, kind, res, tuple(attrs), hw_id, pid))
+            s.seen = self.now
+        return s
+
+    def _flush(self, s: _Series) -> None:
+        v = s.vals
+        t = s.t
+        s.last_t, s.t = t, 0
+        s.vals = [None] * _NFIELDS
+        sub = s.subject
+        if sub.kind == DEVICE:
+            if v[F_LIMIT] is not None:
+                s.limit = v[F_LIMIT]
+            limit = v[F_LIMIT]
+        else:
+            limit = None
+            if sub.kind == PROCESS_GPU:
+                dev = self._series.get((sub.resource.label, DEVICE, sub.hw_id, None))
+                limit = None if dev is None else dev.limit
+        phase = step = None
+        job = self._jobs.get(sub.resource.job)
+        if job is not None:
+            if job.phase_t and job.phase_t <= t:
+                phase = job.phase
+            if job.step_t and job.step_t <= t:
+                step = job.step
+        procs = v[F_PROCS]
+        point = Point(
+            time=t / 1e9,
+            used_bytes=v[0],
+            limit_bytes=limit,
+            util=v[2],
+            procs=None if procs is None else int(procs),
+            phase=phase,  # type: ignore[arg-type]
+            power_w=v[4],
+            power_limit_w=v[5],
+            step=step,  # type: ignore[arg-type]
+            temperature_c=v[6],
+            ecc_uncorrected=v[7],
+            xid_errors=v[8],
+        )
+        self.emitted += 1
+        self._emit(sub, point)
+
+    def flush_due(self, now: float, all_pending: bool = False) -> None:
+        """Emit points pending for ``grace_s`` (wall) or longer; all of them if ``all_pending``."""
+        cutoff = now - self._grace
+        opened = self._opened
+        while opened and (all_pending or opened[0][0] <= cutoff):
+            _, s, t = opened.popleft()
+            if s.t == t:  # still pending (not flushed by a newer point, not evicted)
+                self._flush(s)
+
+    def evict(self, now: float) -> list[Subject]:
+        """Forget subjects silent for ``ttl_s`` of wall time; returns them."""
+        cutoff = now - self._ttl
+        gone = [k for k, s in self._series.items() if s.seen < cutoff]
+        out = []
+        if gone:
+            self.generation += 1
+        for k in gone:
+            s = self._series.pop(k)
+            if s.t:
+                self._flush(s)
+                s.t = 0
+            out.append(s.subject)
+        live = {s.subject.resource.job for s in self._series.values()}
+        for label in [lb for lb in self._jobs if lb not in live]:
+            del self._jobs[label]
+        return out
+
+    def subjects(self) -> list[Subject]:
+        """Subjects currently tracked."""
+        return [s.subject for s in self._series.values()]

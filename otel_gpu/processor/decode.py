@@ -1,0 +1,327 @@
+"""Decode only the series the detectors use, straight from the request bytes.
+
+A request is read through the shallow views in :mod:`otel_gpu.processor.wire`; only metrics
+named in :data:`ROUTES` have their points parsed. Resources and attribute sets repeat from one
+export to the next, so both are parsed once and cached by their encoded bytes (bounded caches).
+
+Each accepted point goes to a :class:`Sink` as ``(resource, kind, hw_id, pid, time_ns, field,
+value)``. A point of a routed metric is *rejected* when its value is NaN, infinite or missing,
+or its timestamp is zero, before ``min_time_unix_s`` or more than ``max_future_s`` ahead of the
+processor's clock; the caller reports those in ``partial_success`` and strips them from the
+forwarded copy (:func:`strip_rejected`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+from otel_gpu.processor.wire import MetricsRequestView, NumberDataView
+
+# Subject kinds.
+DEVICE = "gpu"  # one GPU as seen by one reporting resource
+PROCESS_GPU = "process_gpu"  # one process's memory on one GPU
+PROCESS_RSS = "process_rss"  # one process's resident host memory
+TORCH = "torch"  # torch allocator bytes of one process (on one device when known)
+JOB = "job"  # training.phase / training.step of a resource
+
+# Indexes of a pending point's values (see assemble.FIELDS).
+F_USED, F_LIMIT, F_UTIL, F_PROCS, F_POWER, F_PLIMIT, F_TEMP, F_ECC, F_XID = range(9)
+F_STEP, F_PHASE = -1, -2  # job fields, held per resource
+
+TORCH_METRICS = ("torch.cuda.memory.allocated",)  # otel_gpu.tracing.progress
+
+# metric name -> (subject kind, field). hw.errors and hw.gpu.utilization are refined per point.
+ROUTES: dict[str, tuple[str, int]] = {
+    "hw.gpu.memory.usage": (DEVICE, F_USED),
+    "hw.gpu.memory.limit": (DEVICE, F_LIMIT),
+    "hw.gpu.utilization": (DEVICE, F_UTIL),
+    "hw.power": (DEVICE, F_POWER),
+    "otel_gpu.gpu.power.limit": (DEVICE, F_PLIMIT),
+    "hw.temperature": (DEVICE, F_TEMP),
+    "hw.errors": (DEVICE, F_ECC),
+    "process.gpu.memory.usage": (PROCESS_GPU, F_USED),
+    "process.memory.usage": (PROCESS_RSS, F_USED),
+    "training.step": (JOB, F_STEP),
+    "training.phase": (JOB, F_PHASE),
+    **{name: (TORCH, F_USED) for name in TORCH_METRICS},
+}
+
+# Resource attributes that identify a reporter, in the order they appear in subject names.
+IDENTITY_KEYS = (
+    "service.namespace",
+    "service.name",
+    "service.instance.id",
+    "k8s.namespace.name",
+    "k8s.pod.name",
+    "host.name",
+    "host.id",
+    "process.pid",
+)
+_MAX_VALUE_CHARS = 128  # attribute values used in subject names are cut to this length
+_MAX_CACHE = 50_000  # entries per cache before it is cleared
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceInfo:
+    """Who reported: ``label`` names the reporter in subject names; ``attrs`` go on outputs."""
+
+    label: str
+    attrs: tuple[tuple[str, str | int], ...]
+    # The job the reporter belongs to: the label without process.pid, so the phase and step a
+    # trainer process reports also apply to the GPUs an agent process beside it reports.
+    job: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PointAttrs:
+    """The point attributes the detectors key on (None when absent)."""
+
+    hw_id: str | None
+    pid: int | None
+    gpu_index: int | None
+    task: str | None  # hw.gpu.task
+    error_type: str | None
+    phase: str | None  # training.phase attribute
+
+
+class Sink(Protocol):
+    """Where decoded points go (the Assembler). Targets are opaque handles the decoder caches
+    per (reporter, metric, attribute set) until ``generation`` changes."""
+
+    generation: int
+    overflow: int
+
+    def target(
+        self, res: ResourceInfo, kind: str, hw_id: str | None, pid: int | None, fld: int
+    ) -> object | None: ...  # None: refused by the series cap
+
+    def put(self, target: Any, time_ns: int, value: float) -> None: ...
+
+    def put_job(self, res: ResourceInfo, time_ns: int, fld: int, value: float | str) -> None: ...
+
+
+_SKIP = object()  # a routed metric's point the detectors do not use (e.g. encoder utilization)
+_OVERFLOW = object()  # its subject was refused by the series cap
+
+
+@dataclass(slots=True)
+class Decoded:
+    """What one request held: counts, and where its rejected points are."""
+
+    points: int = 0  # routed points accepted
+    rejected: int = 0
+    first_error: str = ""
+    # (resource_metrics, scope_metrics, metric, data_point) indexes of rejected points
+    bad: list[tuple[int, int, int, int]] = field(default_factory=list)
+
+
+def _any_value(v: AnyValue) -> str | int | float | bool | None:
+    kind = v.WhichOneof("value")
+    if kind in ("string_value", "int_value", "double_value", "bool_value"):
+        return getattr(v, kind)  # type: ignore[no-any-return]
+    return None
+
+
+def _cut(value: object) -> str:
+    s = str(value)
+    return s if len(s) <= _MAX_VALUE_CHARS else s[:_MAX_VALUE_CHARS] + "…"
+
+
+def resource_info(raw: bytes) -> ResourceInfo:
+    """Identity of a resource from its encoded bytes (unknown parts ignored)."""
+    try:
+        res = Resource.FromString(raw)
+    except DecodeError:
+        res = Resource()
+    found: dict[str, str | int] = {}
+    for kv in res.attributes:
+        if kv.key in IDENTITY_KEYS and kv.key not in found:
+            v = _any_value(kv.value)
+            if isinstance(v, (str, int)) and not isinstance(v, bool):
+                found[kv.key] = v if isinstance(v, int) else _cut(v)
+    attrs = tuple((k, found[k]) for k in IDENTITY_KEYS if k in found)
+    if attrs:
+        label = ",".join(f"{k}={v}" for k, v in attrs)
+        job = ",".join(f"{k}={v}" for k, v in attrs if k != "process.pid") or label
+    else:
+        # Nothing identifies the reporter: name it by its resource bytes so that two
+        # anonymous reporters still get separate subjects.
+        label = job = "resource=" + hashlib.blake2b(raw, digest_size=6).hexdigest()
+    return ResourceInfo(label, attrs, job)
+
+
+def point_attrs(encoded: Iterable[bytes]) -> PointAttrs:
+    """Pick hw.id, process.pid, hw.gpu.task, error.type and training.phase from KeyValues."""
+    hw_id = task = error_type = phase = None
+    pid = gpu_index = None
+    for raw in encoded:
+        try:
+            kv = KeyValue.FromString(raw)
+        except DecodeError:
+            continue
+        key = kv.key
+        if key == "hw.id":
+            v = _any_value(kv.value)
+            hw_id = None if v is None else _cut(v)
+        elif key == "process.pid":
+            v = _any_value(kv.value)
+            if isinstance(v, int) and not isinstance(v, bool):
+                pid = v
+            elif isinstance(v, str) and v.isdigit() and len(v) < 20:
+                pid = int(v)
+        elif key == "gpu.index":
+            v = _any_value(kv.value)
+            if isinstance(v, int) and not isinstance(v, bool):
+                gpu_index = v
+        elif key == "hw.gpu.task":
+            task = _cut(_any_value(kv.value))
+        elif key == "error.type":
+            error_type = _cut(_any_value(kv.value))
+        elif key == "training.phase":
+            phase = _cut(_any_value(kv.value))
+    return PointAttrs(hw_id, pid, gpu_index, task, error_type, phase)
+
+
+class MetricsDecoder:
+    """Reads the routed series of OTLP metrics requests into a :class:`Sink`. Not thread-safe."""
+
+    def __init__(self, min_time_unix_s: float, max_future_s: float) -> None:
+        self._min_ns = int(min_time_unix_s * 1e9)
+        self._max_future_ns = int(max_future_s * 1e9)
+        self._resources: dict[bytes, ResourceInfo] = {}
+        # reporter label -> metric name -> encoded attributes -> target / _SKIP / job tuple
+        self._targets: dict[str, dict[str, dict[tuple[bytes, ...], Any]]] = {}
+        self._entries = 0
+        self._generation = -1
+
+    def _resolve(self, sink: Sink, res: ResourceInfo, kind: str, fld: int, pa: PointAttrs) -> Any:
+        """What to do with points of this attribute set (cached by the caller)."""
+        if kind is JOB:
+            if fld == F_PHASE:
+                return _SKIP if pa.phase is None else ("phase", pa.phase)
+            return ("step",)
+        if kind is DEVICE:
+            if fld == F_UTIL and pa.task not in (None, "general"):
+                return _SKIP
+            if fld == F_ECC:
+                if pa.error_type == "xid":
+                    fld = F_XID
+                elif pa.error_type != "uncorrected":
+                    return _SKIP
+            if pa.hw_id is None:
+                return _SKIP
+        elif kind is PROCESS_GPU:
+            if pa.pid is None or pa.hw_id is None:
+                return _SKIP
+        elif kind is TORCH:
+            # torch's allocator is reported by the process itself: the resource names it.
+            device = pa.hw_id or (None if pa.gpu_index is None else f"gpu.index={pa.gpu_index}")
+            return sink.target(res, kind, device, pa.pid, fld) or _OVERFLOW
+        elif pa.pid is None:
+            return _SKIP
+        target = sink.target(res, kind, pa.hw_id, pa.pid, fld)
+        return _OVERFLOW if target is None else target
+
+    def decode(self, raw: bytes, sink: Sink, now_ns: int) -> Decoded:
+        """Parse ``raw`` and feed its routed points to ``sink``. DecodeError if malformed."""
+        req = MetricsRequestView.FromString(raw)
+        out = Decoded()
+        if sink.generation != self._generation or self._entries > _MAX_CACHE:
+            self._targets.clear()
+            self._entries = 0
+            self._generation = sink.generation
+        lo, hi = self._min_ns, now_ns + self._max_future_ns
+        routes, resources, targets = ROUTES, self._resources, self._targets
+        isfinite = math.isfinite
+        put = sink.put
+        accepted = 0
+        for ri, rm in enumerate(req.resource_metrics):
+            res: ResourceInfo | None = None
+            by_metric: dict[str, dict[tuple[bytes, ...], Any]] = {}
+            for si, sm in enumerate(rm.scope_metrics):
+                for mi, metric in enumerate(sm.metrics):
+                    name = metric.name
+                    route = routes.get(name)
+                    if route is None:
+                        continue
+                    data = metric.gauge or metric.sum
+                    if not data:
+                        continue  # histogram, summary... or empty: not ours to judge
+                    if res is None:
+                        rraw = rm.resource
+                        res = resources.get(rraw)
+                        if res is None:
+                            if len(resources) >= _MAX_CACHE:
+                                resources.clear()
+                            res = resources[rraw] = resource_info(rraw)
+                        by_metric = targets.setdefault(res.label, {})
+                    cache = by_metric.get(name)
+                    if cache is None:
+                        cache = by_metric[name] = {}
+                    kind, fld = route
+                    for di, dp in enumerate(NumberDataView.FromString(data).data_points):
+                        t = dp.time_unix_nano
+                        v = dp.as_double or dp.as_int
+                        if (
+                            not (lo < t < hi)
+                            or not isfinite(v)
+                            or (not v and dp.WhichOneof("value") is None)
+                        ):
+                            out.rejected += 1
+                            out.bad.append((ri, si, mi, di))
+                            if not out.first_error:
+                                out.first_error = _why(name, t, v, lo, hi)
+                            continue
+                        accepted += 1
+                        key = tuple(dp.attributes)
+                        tg = cache.get(key)
+                        if tg is None:
+                            tg = cache[key] = self._resolve(sink, res, kind, fld, point_attrs(key))
+                            self._entries += 1
+                        if tg is _SKIP:
+                            continue
+                        if tg is _OVERFLOW:
+                            sink.overflow += 1
+                        elif type(tg) is tuple:
+                            if tg[0] == "phase":
+                                if v > 0:
+                                    sink.put_job(res, t, F_PHASE, tg[1])
+                            else:
+                                sink.put_job(res, t, F_STEP, float(v))
+                        else:
+                            put(tg, t, float(v))
+        out.points = accepted
+        return out
+
+
+def _why(name: str, t: int, v: float, lo: int, hi: int) -> str:
+    if not math.isfinite(v):
+        return f"{name}: value {v} is not a finite number"
+    if not lo < t < hi:
+        return f"{name}: timestamp {t} ns is outside the accepted range"
+    return f"{name}: data point has no value"
+
+
+def strip_rejected(raw: bytes, bad: Iterable[tuple[int, int, int, int]]) -> bytes:
+    """Re-encode ``raw`` without the data points at ``bad`` (the rare slow path)."""
+    req = ExportMetricsServiceRequest.FromString(raw)
+    by_metric: dict[tuple[int, int, int], list[int]] = {}
+    for ri, si, mi, di in bad:
+        by_metric.setdefault((ri, si, mi), []).append(di)
+    for (ri, si, mi), indexes in by_metric.items():
+        metric = req.resource_metrics[ri].scope_metrics[si].metrics[mi]
+        data = metric.gauge if metric.HasField("gauge") else metric.sum
+        for di in sorted(indexes, reverse=True):
+            del data.data_points[di]
+    return req.SerializeToString()

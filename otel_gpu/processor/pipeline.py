@@ -1,0 +1,227 @@
+"""Detection inside the processor: decoded series -> Engine -> Breaker -> store, actions, outputs.
+
+One lock serializes the pipeline (the engine and breaker are not thread-safe, and with the GIL
+there is nothing to gain from finer locks). Per request the order is: decode, assemble, detect;
+then, if anything happened, commit alerts and transitions to the store, fire the actions, and
+queue the alert log records downstream: a notification never goes out before it is durable.
+The breaker runs on each subject's data time; a subject that stops sending keeps its state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from otel_gpu.detect.breaker import STATE_VALUES, Breaker, Transition
+from otel_gpu.detect.engine import Engine
+from otel_gpu.detect.model import LEAK, Alert, Point
+from otel_gpu.processor import outputs
+from otel_gpu.processor.assemble import Assembler, Subject
+from otel_gpu.processor.config import ProcessorConfig
+from otel_gpu.processor.decode import Decoded, MetricsDecoder
+from otel_gpu.processor.store import StateStore
+from otel_gpu.processor.wire import LOGS_EXPORT, METRICS_EXPORT
+
+log = logging.getLogger("otel_gpu.processor")
+
+
+class Actions(Protocol):
+    def on_transition(self, t: Transition) -> None: ...
+
+
+@dataclass
+class DetectionStats:
+    """Counters since start (a snapshot)."""
+
+    points: int = 0  # routed points accepted
+    rejected: int = 0  # routed points rejected (NaN, inf, bad timestamps)
+    late: int = 0  # points older than their subject's latest
+    overflow: int = 0  # points refused because --max-series subjects are tracked
+    subjects: int = 0  # subjects tracked now
+    evaluated: int = 0  # Points the engine judged
+    alerts: int = 0
+    transitions: int = 0
+    errors: int = 0  # points the engine failed on (logged, skipped)
+
+
+def _output(s: Subject) -> outputs.SubjectOutput:
+    return outputs.SubjectOutput(tuple(s.resource.attrs), tuple(s.attrs))
+
+
+def _output_from(detail: dict[str, Any]) -> outputs.SubjectOutput:
+    return outputs.SubjectOutput(
+        tuple((str(k), v) for k, v in detail.get("resource", [])),
+        tuple((str(k), v) for k, v in detail.get("attrs", [])),
+    )
+
+
+class Detection:
+    """The processor's detection pipeline. Thread-safe."""
+
+    def __init__(
+        self,
+        config: ProcessorConfig,
+        engine: Engine,
+        breaker: Breaker,
+        store: StateStore,
+        actions: Actions | None,
+        send: Callable[[str, bytes], None],
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.breaker = breaker
+        self._store = store
+        self._actions = actions
+        self._send = send
+        self._wall = wall
+        self._lock = threading.Lock()
+        self._decoder = MetricsDecoder(config.min_time_unix_s, config.max_future_s)
+        self._assembler = Assembler(
+            self._on_point, config.max_series, config.assemble_grace_s, config.series_ttl_s
+        )
+        self._start_ns = int(wall() * 1e9)
+        self._last_export = self._last_evict = wall()
+        self._stats = DetectionStats()
+        # Per-request event buffers, drained by _publish under the lock.
+        self._alerts: list[tuple[Subject, Alert]] = []
+        self._transitions: list[tuple[Subject | None, Transition]] = []
+        # Outputs of subjects that alerted (restored from the store after a restart).
+        self._outputs: dict[str, outputs.SubjectOutput] = {
+            name: _output_from(d) for name, d in store.load_subjects().items()
+        }
+        self._alert_counts: dict[tuple[str, str], int] = store.alert_counts()
+        self._leaks: dict[str, Alert] = {}
+        for name, d in breaker.export_state().get("subjects", {}).items():
+            last = d.get("last_alert")
+            if isinstance(last, dict) and last.get("kind") == LEAK:
+                with contextlib.suppress(TypeError):
+                    self._leaks[name] = Alert(**last)
+
+    # -- ingestion ---------------------------------------------------------------------------
+
+    def ingest_metrics(self, raw: bytes) -> Decoded:
+        """Decode, assemble and judge one OTLP metrics request. DecodeError if malformed."""
+        now = self._wall()
+        with self._lock:
+            self._assembler.now = now
+            try:
+                decoded = self._decoder.decode(raw, self._assembler, int(now * 1e9))
+                self._assembler.flush_due(now)
+            finally:
+                self._publish(now)
+            self._stats.points += decoded.points
+            self._stats.rejected += decoded.rejected
+        return decoded
+
+    def tick(self, now: float | None = None, final: bool = False) -> None:
+        """Periodic work: emit points pending past the grace time (all of them if ``final``),
+        forget silent subjects, and export detector metrics every export interval."""
+        now = self._wall() if now is None else now
+        with self._lock:
+            self._assembler.now = now
+            self._assembler.flush_due(now, all_pending=final)
+            if now - self._last_evict >= min(self.config.series_ttl_s / 10, 30.0):
+                self._last_evict = now
+                for subject in self._assembler.evict(now):
+                    self.engine.forget(subject.name)
+            self._publish(now)
+            if final or now - self._last_export >= self.config.export_interval_s:
+                self._last_export = now
+                self._export_metrics(now)
+
+    def stats(self) -> DetectionStats:
+        with self._lock:
+            a = self._assembler
+            s = DetectionStats(**vars(self._stats))
+            s.late, s.overflow, s.subjects = a.late, a.overflow, len(a)
+            return s
+
+    # -- detection ---------------------------------------------------------------------------
+
+    def _on_point(self, subject: Subject, point: Point) -> None:
+        self._stats.evaluated += 1
+        name = subject.name
+        try:
+            alerts = self.engine.observe(name, point)
+        except Exception:
+            # A detector bug must cost that one point, never ingestion or forwarding.
+            self._stats.errors += 1
+            if self._stats.errors <= 10:
+                log.exception("detection failed on a point of %s", name)
+            return
+        for t in self.breaker.advance(name, point.time):
+            self._transitions.append((subject, t))
+        for a in alerts:
+            self._alerts.append((subject, a))
+            for t in self.breaker.record_alert(a):
+                self._transitions.append((subject, t))
+
+    def _publish(self, now: float) -> None:
+        """Persist, act on and send the events of the last request (under the lock)."""
+        if not self._alerts and not self._transitions:
+            return
+        alerts, self._alerts = self._alerts, []
+        transitions, self._transitions = self._transitions, []
+        new_subjects: dict[str, dict[str, Any]] = {}
+        for subject, a in alerts:
+            key = (a.subject, a.kind)
+            self._alert_counts[key] = self._alert_counts.get(key, 0) + 1
+            if a.kind == LEAK:
+                self._leaks[a.subject] = a
+            if a.subject not in self._outputs:
+                out = self._outputs[a.subject] = _output(subject)
+                new_subjects[a.subject] = {
+                    "resource": [list(kv) for kv in out.resource],
+                    "attrs": [list(kv) for kv in out.attrs],
+                }
+            log.warning("alert %s %s: %s", a.kind, a.subject, a.message)
+        self._stats.alerts += len(alerts)
+        self._stats.transitions += len(transitions)
+        state = self.breaker.export_state() if transitions else None
+        # Durable before anyone is told.
+        self._store.commit(state, [t for _, t in transitions], [a for _, a in alerts], new_subjects)
+        if self._actions is not None:
+            for _, t in transitions:
+                self._actions.on_transition(t)
+        empty = outputs.SubjectOutput((), ())
+        payload = outputs.logs_request(
+            [(self._outputs.get(a.subject, empty), a) for _, a in alerts],
+            [(self._outputs.get(t.subject, empty), t) for _, t in transitions],
+            int(now * 1e9),
+        )
+        self._send(LOGS_EXPORT, payload)
+
+    def _export_metrics(self, now: float) -> None:
+        known = set(self.breaker.subjects())
+        names = known | {s for s, _ in self._alert_counts}
+        if not names:
+            return
+        by_subject: dict[str, dict[str, int]] = {}
+        for (s, kind), n in self._alert_counts.items():
+            by_subject.setdefault(s, {})[kind] = n
+        values = []
+        for name in sorted(names):
+            out = self._outputs.get(name)
+            if out is None:
+                continue
+            state = self.breaker.state(name)
+            leak = self._leaks.get(name) if state != "closed" else None
+            values.append(
+                outputs.DetectorValues(
+                    subject=out,
+                    breaker_state=STATE_VALUES.get(state) if name in known else None,
+                    leak_rate=None if leak is None else leak.rate_bytes_per_s,
+                    time_to_exhaustion=None if leak is None else leak.eta_s,
+                    alerts_by_kind=by_subject.get(name, {}),
+                )
+            )
+        if values:
+            self._send(
+                METRICS_EXPORT, outputs.metrics_request(values, self._start_ns, int(now * 1e9))
+            )
