@@ -105,7 +105,9 @@ def main() -> int:
         source = NvmlSource(library_path=str(lib), call_timeout_s=2.0)
         sampler = Sampler(source, ProcessTree(pids), interval_s=1.0)
         reader = InMemoryMetricReader()
-        metrics.register(MeterProvider(metric_readers=[reader]).get_meter("bench"), lambda: sampler.latest)
+        metrics.register(
+            MeterProvider(metric_readers=[reader]).get_meter("bench"), lambda: sampler.latest
+        )
 
         def ours() -> None:
             sampler.sample_once()
@@ -142,7 +144,9 @@ def main() -> int:
     print(f"{'otel-gpu sample + collect':32}{ours_s * 1e3:14.2f}{ours_s * 100:12.3f}")
     print(f"{'  of which the sweep':32}{sweep_s * 1e3:14.2f}{sweep_s * 100:12.3f}")
     print(f"{'SDK floor (constant callbacks)':32}{floor_s * 1e3:14.2f}{floor_s * 100:12.3f}")
-    print(f"ratio {ratio:.2f} (target <= 1.5), {ours_s * 100:.2f}% of one core at 1 s (target <= 1%)")
+    print(
+        f"ratio {ratio:.2f} (target <= 1.5), {ours_s * 100:.2f}% of one core at 1 s (target <= 1%)"
+    )
     print(
         json.dumps(
             {

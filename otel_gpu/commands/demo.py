@@ -157,9 +157,12 @@ def demo(args: argparse.Namespace) -> int:
         file=out,
     )
     if _Receiver.received:
-        print(
-            "notification payload:", json.dumps(_Receiver.received[0], default=str)[:400], file=out
-        )
+        note = _Receiver.received[0]
+        keys = ("title", "subject", "from_state", "to_state", "episode")
+        summary = {k: note.get(k) for k in keys}
+        rate = (note.get("alert") or {}).get("rate_bytes_per_s")
+        summary["alert.rate_bytes_per_s"] = rate
+        print("notification payload (excerpt):", json.dumps(summary), file=out)
         return 0
     print("no alert was raised in this run", file=out)
     return 0 if args.scenario == "steady" else 1
