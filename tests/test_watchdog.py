@@ -1,0 +1,146 @@
+"""Detection inside the agent: a real child process on a simulated leaking GPU, the engine, the
+breaker, the detector instruments and the opt-in stop that only ever signals the job."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from otel_gpu.agent import Agent
+from otel_gpu.config import Settings
+from otel_gpu.sampling.sim import GIB, SimulatedSource
+from otel_gpu.sampling.snapshot import ProcessSample, Snapshot
+from otel_gpu.watchdog import Watchdog, snapshot_points
+
+TRAP = (
+    "import pathlib, signal, sys, time\n"
+    "def h(*_): pathlib.Path(sys.argv[1]).write_text('usr1')\n"
+    "signal.signal(signal.SIGUSR1, h)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.fixture()
+def trapping_child(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, Path]]:
+    marker = tmp_path / "job-got-usr1"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TRAP, str(marker)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    yield proc, marker
+    proc.kill()
+    proc.wait()
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_leak_opens_the_breaker_exports_detector_metrics_and_stops_only_the_job(
+    trapping_child: tuple[subprocess.Popen, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    job, marker = trapping_child
+    bystander_marker = tmp_path / "bystander-got-usr1"
+    bystander = subprocess.Popen(
+        [sys.executable, "-c", TRAP, str(bystander_marker)], stdout=subprocess.PIPE, text=True
+    )
+    assert bystander.stdout is not None and bystander.stdout.readline().strip() == "ready"
+    for name, value in {
+        "OTEL_GPU_STOP_ON_ALERT": "true",
+        "OTEL_GPU_STOP_SIGNAL": "SIGUSR1",
+        "OTEL_GPU_DETECT_LEAK_BUCKET_S": "15",
+        "OTEL_GPU_DETECT_LEAK_MIN_WINDOW_S": "900",
+        "OTEL_GPU_DETECT_LEAK_CONTEXT_S": "1800",
+    }.items():
+        monkeypatch.setenv(name, value)
+    clock = ManualClock()
+    source = SimulatedSource("leak", leak_bytes_per_s=12 * GIB / 3600, clock=clock)
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    try:
+        agent = Agent(
+            Settings(interval_s=1.0, exporter="none"),
+            meter_provider=provider,
+            roots=[job.pid],
+            source=source,
+        )
+        assert isinstance(agent.watchdog, Watchdog)
+        opened = []
+        agent.watchdog.transition_listeners.append(opened.append)
+        for _ in range(400):  # 30 s of simulated time per sweep, up to 3 h 20 min
+            clock.now += 30.0
+            agent.sampler.sample_once()
+            if opened:
+                break
+        assert opened, "the leak was not found"
+        t = opened[0]
+        assert t.to_state == "open" and t.alert is not None and t.alert.kind == "leak"
+        assert t.alert.rate_bytes_per_s == pytest.approx(12 * GIB / 3600, rel=0.35)
+        assert agent.watchdog.trainer_pids == {job.pid}
+        deadline = time.monotonic() + 10
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.read_text() == "usr1"  # the job was asked to checkpoint and stop
+        assert not bystander_marker.exists()  # nothing outside the job is ever signalled
+
+        data = reader.get_metrics_data()
+        assert data is not None
+        names = {
+            m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+        }
+        rates = names["otel_gpu.leak.rate"].data.data_points
+        assert any(p.attributes.get("otel_gpu.subject") == t.subject and p.value > 0 for p in rates)
+        states = {
+            p.attributes["otel_gpu.subject"]: p.value
+            for p in names["otel_gpu.breaker.state"].data.data_points
+        }
+        assert states[t.subject] == 2  # open
+        assert any(p.value >= 1 for p in names["otel_gpu.alerts"].data.data_points)
+        assert names["otel_gpu.memory.time_to_exhaustion"].data.data_points
+        agent.shutdown(2.0)
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_steady_job_raises_nothing_over_hours() -> None:
+    clock = ManualClock()
+    source = SimulatedSource("steady", clock=clock)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        agent = Agent(Settings(interval_s=1.0, exporter="none"), roots=[child.pid], source=source)
+        alerts = []
+        agent.watchdog.alert_listeners.append(alerts.append)
+        for _ in range(6 * 60):  # six hours at 60 s per sweep
+            clock.now += 60.0
+            agent.sampler.sample_once()
+        assert alerts == []
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_only_watched_processes_feed_host_memory_subjects() -> None:
+    snap = Snapshot(
+        time=10.0,
+        processes=(
+            ProcessSample(pid=1, memory_rss=100, in_tree=True),
+            ProcessSample(pid=2, memory_rss=200, in_tree=False),
+        ),
+    )
+    subjects = [s for s, _p, _a in snapshot_points(snap, host_memory=1000)]
+    assert subjects == ["rss:1"]
