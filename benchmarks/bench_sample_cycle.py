@@ -1,7 +1,8 @@
 """Cost of one sample-and-collect cycle: 8 GPUs x 64 GPU processes, through the real pynvml
 path on the fake libnvidia-ml, /proc for 64 real child processes, and the OTel SDK collecting
-every instrument — beside the SDK floor measured in the same run: the same data points from
-callbacks that return constants.
+every instrument — beside the SDK floor measured in the same run: the same data points (names,
+attributes, instrument kinds) from callbacks that return constants. The difference is what the
+agent adds to what any OTel exporter of these points must pay.
 
     python benchmarks/bench_sample_cycle.py [--cycles N]
 
@@ -122,11 +123,18 @@ def main() -> int:
         by_name: dict[str, list[tuple[float, dict]]] = {}
         for name, value, attrs in sample_points:
             by_name.setdefault(name, []).append((value, attrs))
+        # Same instrument kinds too: sums keep cumulative state that gauges do not.
         floor_reader = InMemoryMetricReader()
         meter = MeterProvider(metric_readers=[floor_reader]).get_meter("floor")
+        kinds = {spec.name: spec.kind for spec in metrics.INSTRUMENTS}
+        make = {
+            metrics.GAUGE: meter.create_observable_gauge,
+            metrics.COUNTER: meter.create_observable_counter,
+            metrics.UPDOWN: meter.create_observable_up_down_counter,
+        }
         for name, obs in by_name.items():
             frozen = [Observation(v, a) for v, a in obs]
-            meter.create_observable_gauge(name + ".floor", callbacks=[lambda _o, f=frozen: f])
+            make[kinds[name]](name + ".floor", callbacks=[lambda _o, f=frozen: f])
         floor_s = cpu_per_cycle(floor_reader.get_metrics_data, args.cycles, args.pause)
 
         # Sampling alone, for the breakdown.

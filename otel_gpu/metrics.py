@@ -6,6 +6,7 @@ return nothing in a forked child (a DataLoader worker must not export the parent
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -52,33 +53,44 @@ class Instrument:
     read: Reader
 
 
-def gpu_attrs(g: GpuSample) -> Attrs:
-    attrs: Attrs = {"hw.id": g.uuid, "hw.type": "gpu", "hw.vendor": "NVIDIA", "gpu.index": g.index}
-    if g.name:
-        attrs["hw.name"] = g.name
+Extra = tuple[tuple[str, Any], ...]
+
+
+def gpu_attrs(g: GpuSample, extra: Extra = ()) -> Attrs:
+    """A GPU's point attributes plus ``extra``. Shared, cached dicts: callers must not mutate."""
+    return _gpu_attrs(g.uuid, g.index, g.name, extra)
+
+
+# Attribute dicts are built once per series, not once per point per collection: building them
+# was a quarter of the agent's collection cost (benchmarks/bench_sample_cycle.py).
+@functools.lru_cache(maxsize=4096)
+def _gpu_attrs(uuid: str, index: int, name: str | None, extra: Extra) -> Attrs:
+    attrs: Attrs = {"hw.id": uuid, "hw.type": "gpu", "hw.vendor": "NVIDIA", "gpu.index": index}
+    if name:
+        attrs["hw.name"] = name
+    attrs.update(extra)
     return attrs
 
 
-def _per_gpu(field: str, scale: float = 1.0, **extra: Any) -> Reader:
+def _per_gpu(field: str, scale: float = 1.0) -> Reader:
     def read(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
         for g in snap.gpus:
             value = getattr(g, field)
             if value is not None:
-                yield value * scale, {**gpu_attrs(g), **extra}
+                yield value * scale, gpu_attrs(g)
 
     return read
 
 
 def _gpu_multi(pairs: Iterable[tuple[str, Attrs]]) -> Reader:
-    pairs = tuple(pairs)
+    fields = tuple((field, tuple(extra.items())) for field, extra in pairs)
 
     def read(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
         for g in snap.gpus:
-            base = gpu_attrs(g)
-            for field, extra in pairs:
+            for field, extra in fields:
                 value = getattr(g, field)
                 if value is not None:
-                    yield value, {**base, **extra}
+                    yield value, gpu_attrs(g, extra)
 
     return read
 
@@ -91,9 +103,8 @@ def _memory_utilization(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
 
 def _status(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
     for g in snap.gpus:
-        base = gpu_attrs(g)
         for state in (STATUS_OK, STATUS_DEGRADED, STATUS_FAILED):
-            yield (1.0 if g.status == state else 0.0), {**base, "hw.state": state}
+            yield (1.0 if g.status == state else 0.0), gpu_attrs(g, (("hw.state", state),))
 
 
 def _throttle_reader() -> Reader:
@@ -106,23 +117,37 @@ def _throttle_reader() -> Reader:
             if g.throttle_reasons is None:
                 continue
             seen = ever[g.uuid] = ever.get(g.uuid, 0) | g.throttle_reasons
-            base = gpu_attrs(g)
             for bit, reason in THROTTLE_REASONS.items():
                 if seen & bit:
                     active = 1.0 if g.throttle_reasons & bit else 0.0
-                    yield active, {**base, "otel_gpu.throttle.reason": reason}
+                    yield active, gpu_attrs(g, (("otel_gpu.throttle.reason", reason),))
 
     return read
 
 
-def process_attrs(p: ProcessSample) -> Attrs:
-    attrs: Attrs = {"process.pid": p.pid}
+def process_attrs(p: ProcessSample, hw_id: str | None = None) -> Attrs:
+    """A process's point attributes (plus ``hw.id``). Shared, cached dicts: do not mutate."""
+    return _process_attrs(p.pid, p.vpid, p.parent_pid, p.executable_name, p.command, p.owner, hw_id)
+
+
+@functools.lru_cache(maxsize=16384)
+def _process_attrs(
+    pid: int,
+    vpid: int | None,
+    parent_pid: int | None,
+    exe: str | None,
+    command: str | None,
+    owner: str | None,
+    hw_id: str | None,
+) -> Attrs:
+    attrs: Attrs = {"process.pid": pid}
     for key, value in (
-        ("process.vpid", p.vpid),
-        ("process.parent_pid", p.parent_pid),
-        ("process.executable.name", p.executable_name),
-        ("process.command", p.command),
-        ("process.owner", p.owner),
+        ("process.vpid", vpid),
+        ("process.parent_pid", parent_pid),
+        ("process.executable.name", exe),
+        ("process.command", command),
+        ("process.owner", owner),
+        ("hw.id", hw_id),
     ):
         if value is not None:
             attrs[key] = value
@@ -148,9 +173,9 @@ def _process_gpu(field: str) -> Reader:
                 continue
             # NVML reports host PIDs; unmapped ones are still reported under the host PID.
             proc = by_pid.get(snap.host_to_local.get(gp.pid, gp.pid))
-            attrs: Attrs = process_attrs(proc) if proc is not None else {"process.pid": gp.pid}
-            attrs["hw.id"] = gp.gpu_uuid
-            yield value, attrs
+            if proc is None:
+                proc = ProcessSample(pid=gp.pid)
+            yield value, process_attrs(proc, gp.gpu_uuid)
 
     return read
 
