@@ -1,0 +1,174 @@
+"""Zero-code instrumentation of HF ``transformers.Trainer`` and every subclass.
+
+Post-import hooks, so a process that never imports transformers pays nothing:
+
+- on ``transformers.trainer_callback``: wrap ``CallbackHandler.__init__`` to append one
+  :class:`OtelGpuTrainerCallback`. Every Trainer builds its handler there, ms-swift's and TRL's
+  included, and this survives ms-swift replacing ``DEFAULT_CALLBACKS`` (FIELD-NOTES §5);
+- on ``transformers.trainer``: wrap ``Trainer.train``, ``evaluate`` and ``_save_checkpoint``
+  with ``*args, **kwargs`` wrappers (signature-agnostic across versions) that time those phases
+  and end the spans in error when training raises (``on_train_end`` is skipped then).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection
+from typing import Any
+
+import wrapt
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
+from opentelemetry.instrumentation.utils import unwrap
+
+from otel_gpu.tracing import context, progress
+from otel_gpu.tracing.run import guarded
+from otel_gpu.tracing.settings import TracingSettings
+
+log = logging.getLogger("otel_gpu.tracing")
+
+_state: dict[str, Any] = {
+    "active": False,
+    "hooked": False,
+    "tracer_provider": None,
+    "settings": None,
+}
+
+
+class TransformersInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+    """``opentelemetry_instrumentor`` entry point ``otel_gpu_transformers``.
+
+    ``instrument(tracer_provider=..., settings=...)`` overrides the global tracer provider and
+    the ``OTEL_GPU_*`` settings (tests, hand-configured SDKs).
+    """
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return ("transformers >= 4.42",)
+
+    def _instrument(self, **kwargs: Any) -> None:
+        if not context.traces_enabled():
+            return
+        _state["tracer_provider"] = kwargs.get("tracer_provider")
+        _state["settings"] = kwargs.get("settings")
+        _state["active"] = True
+        if not _state["hooked"]:
+            _state["hooked"] = True
+            wrapt.register_post_import_hook(
+                _patch_callback_handler, "transformers.trainer_callback"
+            )
+            wrapt.register_post_import_hook(_patch_trainer, "transformers.trainer")
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        _state["active"] = False
+        import sys
+
+        handler_module = sys.modules.get("transformers.trainer_callback")
+        if handler_module is not None:
+            unwrap(handler_module.CallbackHandler, "__init__")
+        trainer_module = sys.modules.get("transformers.trainer")
+        if trainer_module is not None:
+            for name in ("train", "evaluate", "_save_checkpoint"):
+                unwrap(trainer_module.Trainer, name)
+        # Hooks stay registered (wrapt cannot remove them); they re-patch only when active.
+        _state["patched_handler"] = _state["patched_trainer"] = False
+
+
+def _patch_callback_handler(module: Any) -> None:
+    if not _state["active"] or _state.get("patched_handler"):
+        return
+    _state["patched_handler"] = True
+    wrapt.wrap_function_wrapper(module, "CallbackHandler.__init__", _handler_init)
+
+
+def _patch_trainer(module: Any) -> None:
+    if not _state["active"] or _state.get("patched_trainer"):
+        return
+    _state["patched_trainer"] = True
+    wrapt.wrap_function_wrapper(module, "Trainer.train", _train)
+    wrapt.wrap_function_wrapper(module, "Trainer.evaluate", _phase_wrapper("evaluate"))
+    wrapt.wrap_function_wrapper(
+        module, "Trainer._save_checkpoint", _phase_wrapper("save_checkpoint")
+    )
+
+
+def _handler_init(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> None:
+    wrapped(*args, **kwargs)
+    if not _state["active"] or _callback_of(instance) is not None:
+        return
+    progress.expect_training()  # a Trainer exists: loading until train() begins
+    try:
+        from otel_gpu.tracing.hf_callback import OtelGpuTrainerCallback
+
+        settings = _state["settings"] or TracingSettings.load()
+        instance.callbacks.append(OtelGpuTrainerCallback(_state["tracer_provider"], settings))
+    except Exception as exc:  # never break the Trainer
+        log.warning("otel-gpu: Trainer callback not attached: %s", exc)
+
+
+def _callback_of(handler: Any) -> Any:
+    from otel_gpu.tracing.hf_callback import OtelGpuTrainerCallback
+
+    for cb in getattr(handler, "callbacks", ()):
+        if isinstance(cb, OtelGpuTrainerCallback):
+            return cb
+    return None
+
+
+def _trainer_callback(trainer: Any) -> Any:
+    handler = getattr(trainer, "callback_handler", None)
+    cb = _callback_of(handler) if handler is not None else None
+    return cb if cb is not None and cb._live() else None
+
+
+def _train(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+    try:
+        return wrapped(*args, **kwargs)
+    except BaseException as exc:
+        _finish_run(instance, exc)
+        raise
+
+
+@guarded
+def _finish_run(trainer: Any, error: BaseException) -> None:
+    cb = _trainer_callback(trainer)
+    if cb is not None:
+        cb.finish(error)
+
+
+def _phase_wrapper(name: str) -> Callable[..., Any]:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        begun = _phase_begin(instance, name)
+        if begun is None:  # not ours, a nested call, or it failed
+            return wrapped(*args, **kwargs)
+        error: BaseException | None = None
+        try:
+            return wrapped(*args, **kwargs)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            _phase_end(instance, name, begun, error)
+
+    return wrapper
+
+
+@guarded
+def _phase_begin(trainer: Any, name: str) -> Any:
+    cb = _trainer_callback(trainer)
+    if cb is None or name in cb.wrapped_phases:
+        return None
+    phase = cb.run.phase_begin(name)
+    cb.wrapped_phases.add(name)
+    return cb, phase
+
+
+@guarded
+def _phase_end(trainer: Any, name: str, begun: Any, error: BaseException | None) -> None:
+    cb, phase = begun
+    cb.wrapped_phases.discard(name)
+    attrs = {}
+    if name == "save_checkpoint":
+        from otel_gpu.tracing.hf_callback import checkpoint_path
+
+        attrs["training.checkpoint.path"] = checkpoint_path(trainer.args, trainer.state)
+        cb.saved_step = trainer.state.global_step
+    cb.run.phase_end(phase, error, attrs)

@@ -1,0 +1,208 @@
+"""The SDK pipeline of a training process: providers, exporters, bounded shutdown.
+
+Imported by the configurator only in ``trainer`` and ``node`` processes (launchers never pay
+for the SDK). Exporters come from the standard ``OTEL_{TRACES,METRICS,LOGS}_EXPORTER``
+variables and their entry points, and read their own ``OTEL_EXPORTER_OTLP_*`` settings.
+
+Shutdown is bounded by ``OTEL_GPU_SHUTDOWN_TIMEOUT`` (default 5 s) even with the collector
+down: the agent and the three providers are flushed in parallel on daemon threads that are
+abandoned at the deadline (the SDK's own exit handlers took ~43 s in that case, FIELD-NOTES §2).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from opentelemetry import metrics, trace
+from opentelemetry._logs import set_logger_provider
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricReader,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.util._importlib_metadata import entry_points
+
+from otel_gpu.config import Settings
+from otel_gpu.errors import UsageError
+from otel_gpu.tracing import context, ids, progress
+
+log = logging.getLogger("otel_gpu.distro")
+
+
+class Setup:
+    """What :func:`configure` built in this process."""
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+        self.tracer_provider: TracerProvider | None = None
+        self.meter_provider: MeterProvider | None = None
+        self.logger_provider: LoggerProvider | None = None
+        self.agent: Any = None
+        self.shutdown_timeout_s = 5.0
+
+
+def build(role: str, auto_instrumentation_version: str | None = None) -> Setup:
+    """Providers, exporters, training instruments and (``node``) the node agent; global."""
+    setup = Setup(role)
+    agent_settings = Settings.load()  # validates the agent's OTEL_GPU_* too: one error, up front
+    setup.shutdown_timeout_s = agent_settings.shutdown_timeout_s
+    progress.mark_load_started()
+    if context.is_training_command(sys.orig_argv):
+        progress.expect_training()
+    attributes: dict[str, Any] = {"process.pid": os.getpid()}
+    if auto_instrumentation_version:
+        attributes["telemetry.auto.version"] = auto_instrumentation_version
+    resource = Resource.create(attributes)
+
+    tracer_provider = TracerProvider(
+        resource=resource, id_generator=ids.PresetIdGenerator(), shutdown_on_exit=False
+    )
+    for exporter in _exporters("traces"):
+        tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
+    readers: list[MetricReader] = [
+        PeriodicExportingMetricReader(_OwnerOnly(exporter)) for exporter in _exporters("metrics")
+    ]
+    meter_provider = MeterProvider(
+        resource=resource, metric_readers=readers, shutdown_on_exit=False
+    )
+    logger_provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
+    for exporter in _exporters("logs"):
+        logger_provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
+    trace.set_tracer_provider(tracer_provider)
+    metrics.set_meter_provider(meter_provider)
+    set_logger_provider(logger_provider)
+    setup.tracer_provider, setup.meter_provider = tracer_provider, meter_provider
+    setup.logger_provider = logger_provider
+
+    progress.register(meter_provider)
+    _hook_torch(meter_provider)
+    atexit.register(shutdown, setup)
+    if role == context.NODE:
+        from otel_gpu.agent import start_in_process
+
+        # Under torchrun the parent is torchrun's agent, whose children are all local ranks:
+        # watch that tree, so sibling ranks' host memory and CPU are covered too.
+        roots = [os.getppid()] if os.environ.get("LOCAL_RANK") is not None else None
+        setup.agent = start_in_process(meter_provider, agent_settings, roots)
+    return setup
+
+
+def _hook_torch(meter_provider: MeterProvider) -> None:
+    import wrapt
+
+    wrapt.register_post_import_hook(
+        lambda torch: progress.register_torch(torch, meter_provider), "torch"
+    )
+
+
+def exporter_entry_point(name: str, signal: str) -> str:
+    """``otlp`` -> ``otlp_proto_grpc`` (or ``otlp_proto_http`` when the protocol says so)."""
+    if name != "otlp":
+        return name
+    protocol = (
+        os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "grpc"
+    ).strip()
+    return "otlp_proto_http" if protocol.startswith("http") else "otlp_proto_grpc"
+
+
+def _exporters(signal: str) -> list[Any]:
+    variable = f"OTEL_{signal.upper()}_EXPORTER"
+    names = [n.strip() for n in os.environ.get(variable, "").split(",") if n.strip()]
+    out = []
+    for name in names:
+        if name.lower() == "none":
+            continue
+        group = f"opentelemetry_{signal}_exporter"
+        found = list(entry_points(group=group, name=exporter_entry_point(name, signal)))
+        if not found:
+            installed = sorted({"otlp", *entry_points(group=group).names})
+            raise UsageError(
+                f"{variable}={name!r}: no such exporter is installed; use one of {', '.join(installed)}"
+            )
+        out.append(found[0].load()())
+    return out
+
+
+class _OwnerOnly(MetricExporter):
+    """Exports only from the process that configured it.
+
+    After ``fork()`` the SDK restarts the metric reader's thread in the child (FIELD-NOTES §2),
+    which would send the parent's series again under the parent's resource from every
+    DataLoader worker. The child's exports are dropped here.
+    """
+
+    def __init__(self, exporter: MetricExporter) -> None:
+        super().__init__(
+            preferred_temporality=exporter._preferred_temporality,
+            preferred_aggregation=exporter._preferred_aggregation,
+        )
+        self._exporter = exporter
+        self._owner_pid = os.getpid()
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        if os.getpid() != self._owner_pid:
+            return MetricExportResult.SUCCESS
+        return self._exporter.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return os.getpid() != self._owner_pid or self._exporter.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._exporter.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+def shutdown(setup: Setup) -> None:
+    """Flush and stop everything within ``setup.shutdown_timeout_s`` in total."""
+    if os.getpid() != _configured_pid:
+        return  # a forked child: the parent owns the exporters
+    deadline = time.monotonic() + setup.shutdown_timeout_s
+    timeout_ms = setup.shutdown_timeout_s * 1000
+    steps = []
+    if setup.agent is not None:
+        steps.append(lambda: setup.agent.shutdown(setup.shutdown_timeout_s))
+    if setup.tracer_provider is not None:
+        steps.append(setup.tracer_provider.shutdown)
+    if setup.meter_provider is not None:
+        steps.append(lambda: setup.meter_provider.shutdown(timeout_millis=timeout_ms))  # type: ignore[union-attr]
+    if setup.logger_provider is not None:
+        steps.append(setup.logger_provider.shutdown)
+    _bounded(steps, deadline)
+
+
+_configured_pid = os.getpid()
+
+
+def _bounded(steps: list[Any], deadline: float) -> None:
+    """Run ``steps`` in parallel on daemon threads; stop waiting at ``deadline``."""
+    threads = [threading.Thread(target=_quietly, args=(s,), daemon=True) for s in steps]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in threads):
+        log.warning("otel-gpu: telemetry not fully flushed at exit (collector unreachable?)")
+
+
+def _quietly(step: Any) -> None:
+    try:
+        step()
+    except Exception as exc:
+        log.debug("shutdown step failed: %s", exc)

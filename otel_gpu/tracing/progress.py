@@ -1,0 +1,242 @@
+"""Training progress as metrics: ``training.step``, ``training.phase`` and torch's allocator.
+
+The job's threads only assign Python variables here (:func:`set_step`, :func:`push_phase`);
+the observable callbacks run on the metric reader's thread and read those variables. Every
+callback checks that it runs in the process that set the values up: a forked DataLoader worker
+inherits the SDK, whose reader thread restarts after ``fork()`` (FIELD-NOTES §2), and must not
+export duplicates.
+
+``training.phase`` is a state set, like semconv's ``hw.status``: one point per known phase,
+1 for the current one and 0 for the others, attribute ``training.phase``. Nothing is reported
+before the first phase or after training ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
+
+from otel_gpu.detect.model import PHASE_EVALUATE, PHASE_LOAD, PHASE_SAVE, PHASE_TRAIN
+
+log = logging.getLogger("otel_gpu.tracing")
+
+PHASES = (PHASE_LOAD, PHASE_TRAIN, PHASE_EVALUATE, PHASE_SAVE)
+# Span and API names that count as one of the phases above.
+PHASE_ALIASES = {
+    "load": PHASE_LOAD,
+    "load_model": PHASE_LOAD,
+    "load_data": PHASE_LOAD,
+    "train": PHASE_TRAIN,
+    "evaluate": PHASE_EVALUATE,
+    "eval": PHASE_EVALUATE,
+    "save": PHASE_SAVE,
+    "save_checkpoint": PHASE_SAVE,
+}
+
+_owner_pid = os.getpid()
+_step: int | None = None
+_phases: list[str] = []  # innermost last
+_load_started_ns: int | None = None
+_load_reported = False
+_registered: set[int] = set()  # id() of meter providers that have our instruments
+_lock = threading.Lock()
+
+
+def _reset_after_fork() -> None:
+    # A forked child is not the owner; it must report nothing (see module docstring).
+    global _step
+    _step = None
+    _phases.clear()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def in_owner() -> bool:
+    """True in the process whose values these are (False in a forked child)."""
+    return os.getpid() == _owner_pid
+
+
+def set_step(step: int) -> None:
+    """The current global step (optimizer steps done)."""
+    global _step
+    _step = int(step)
+
+
+def current_step() -> int | None:
+    return _step
+
+
+def push_phase(name: str) -> str | None:
+    """Enter a phase; returns the canonical phase pushed, or None if ``name`` is not one."""
+    phase = PHASE_ALIASES.get(name.lower())
+    if phase is not None:
+        _phases.append(phase)
+    return phase
+
+
+def pop_phase(phase: str | None) -> None:
+    """Leave ``phase`` (the value :func:`push_phase` returned)."""
+    if phase is None:
+        return
+    for i in range(len(_phases) - 1, -1, -1):
+        if _phases[i] == phase:
+            del _phases[i]
+            return
+
+
+def current_phase() -> str | None:
+    last = _phases[-1:]  # one atomic read: the training thread may pop meanwhile
+    return last[0] if last else None
+
+
+def mark_load_started() -> None:
+    """Called at start-up: remember when this process began (the ``load`` span's start)."""
+    global _load_started_ns
+    if _load_started_ns is None:
+        _load_started_ns = time.time_ns()
+
+
+def expect_training() -> None:
+    """This process will train (a Trainer was built, or a known training command started):
+    it is loading until training begins.
+
+    Not assumed at start-up, nor when a framework is merely imported (``swift infer`` imports
+    ``transformers.trainer``): a process that never trains would report ``load`` forever and
+    hide its idle GPUs from the detectors.
+    """
+    global _load_reported
+    if _load_started_ns is not None and not _load_reported:
+        _load_reported = True
+        _phases.append(PHASE_LOAD)
+
+
+def take_load_started() -> int | None:
+    """The start-up time once, for the first ``load`` span; ends the start-up load phase."""
+    global _load_started_ns, _load_reported
+    started, _load_started_ns = _load_started_ns, None
+    if _load_reported:
+        _load_reported = False
+        pop_phase(PHASE_LOAD)
+    return started
+
+
+# -- instruments -------------------------------------------------------------------------------
+
+
+def _observe_step(_options: CallbackOptions) -> Iterable[Observation]:
+    step = _step
+    if step is not None and in_owner():
+        yield Observation(step)
+
+
+def _observe_phase(_options: CallbackOptions) -> Iterable[Observation]:
+    current = current_phase()
+    if current is None or not in_owner():
+        return
+    for phase in PHASES:
+        yield Observation(1 if phase == current else 0, {"training.phase": phase})
+
+
+def register(meter_provider: MeterProvider | None = None) -> bool:
+    """Register ``training.step`` and ``training.phase`` (once per provider); never raises."""
+    provider = meter_provider or metrics.get_meter_provider()
+    with _lock:
+        if id(provider) in _registered:
+            return False
+        _registered.add(id(provider))
+    try:
+        meter = provider.get_meter("otel_gpu.tracing")
+        meter.create_observable_gauge(
+            "training.step",
+            [_observe_step],
+            unit="{step}",
+            description="Global training step (optimizer steps completed).",
+        )
+        meter.create_observable_up_down_counter(
+            "training.phase",
+            [_observe_phase],
+            unit="1",
+            description="1 for the current training phase (load, train, evaluate, save), 0 for the others.",
+        )
+        return True
+    except Exception as exc:  # never harm the job
+        log.warning("otel-gpu: training instruments not registered: %s", exc)
+        return False
+
+
+# -- torch allocator ---------------------------------------------------------------------------
+
+
+def _torch_devices(torch: Any) -> list[int]:
+    """Devices this process uses; only once CUDA is initialized (never initialize it here)."""
+    if not in_owner() or not torch.cuda.is_initialized():
+        return []
+    devices = []
+    for index in range(torch.cuda.device_count()):
+        if index == torch.cuda.current_device() or torch.cuda.memory_reserved(index) > 0:
+            devices.append(index)
+    return devices
+
+
+def _torch_callback(torch: Any, key: str) -> Any:
+    uuids: dict[int, str] = {}
+
+    def observe(_options: CallbackOptions) -> Iterable[Observation]:
+        for index in _torch_devices(torch):
+            stats = torch.cuda.memory_stats(index)
+            value = stats.get(key)
+            if value is None:
+                continue
+            attributes: dict[str, str | int] = {"gpu.index": index}
+            if index not in uuids:
+                try:
+                    uuids[index] = f"GPU-{torch.cuda.get_device_properties(index).uuid}"
+                except Exception:
+                    uuids[index] = ""
+            if uuids[index]:
+                attributes["hw.id"] = uuids[index]
+            yield Observation(int(value), attributes)
+
+    return observe
+
+
+def register_torch(torch: Any, meter_provider: MeterProvider | None = None) -> bool:
+    """Per-device allocator metrics, for CUDA builds of torch only; never raises.
+
+    The callbacks read the caching allocator's counters (no CUDA calls) and skip devices until
+    CUDA is initialized, so a CPU-only run reports nothing and a CPU build has no instruments.
+    """
+    if getattr(getattr(torch, "version", None), "cuda", None) is None:
+        return False
+    try:
+        meter = (meter_provider or metrics.get_meter_provider()).get_meter("otel_gpu.tracing")
+        meter.create_observable_up_down_counter(
+            "torch.cuda.memory.allocated",
+            [_torch_callback(torch, "allocated_bytes.all.current")],
+            unit="By",
+            description="Bytes held by live tensors in torch's CUDA caching allocator.",
+        )
+        meter.create_observable_up_down_counter(
+            "torch.cuda.memory.reserved",
+            [_torch_callback(torch, "reserved_bytes.all.current")],
+            unit="By",
+            description="Bytes reserved from the device by torch's CUDA caching allocator.",
+        )
+        meter.create_observable_gauge(
+            "torch.cuda.memory.peak",
+            [_torch_callback(torch, "allocated_bytes.all.peak")],
+            unit="By",
+            description="Peak bytes held by live tensors since start or the last peak reset.",
+        )
+        return True
+    except Exception as exc:
+        log.warning("otel-gpu: torch allocator instruments not registered: %s", exc)
+        return False
