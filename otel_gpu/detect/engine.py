@@ -73,7 +73,20 @@ class Engine:
         if t < state.last_time:
             return []  # late point: judging it would let the past depend on the future
         state.last_time = t
-        point = _sanitized(point)
+        # NaN and infinities mean "unknown" (never 0). The common case in one expression:
+        # None counts as 0, and NaN or an infinity (truthy) makes the sum non-finite.
+        if not math.isfinite(
+            (point.used_bytes or 0.0)
+            + (point.limit_bytes or 0.0)
+            + (point.util or 0.0)
+            + (point.power_w or 0.0)
+            + (point.power_limit_w or 0.0)
+            + (point.step or 0.0)
+            + (point.temperature_c or 0.0)
+            + (point.ecc_uncorrected or 0.0)
+            + (point.xid_errors or 0.0)
+        ):
+            point = _sanitized(point)
 
         alerts: list[Alert] = []
         if state.leak is not None:
@@ -98,14 +111,8 @@ class Engine:
 
 
 def _sanitized(p: Point) -> Point:
-    """NaN and infinities mean "unknown" (never 0)."""
-    total = 0.0
-    for name in _NUMERIC:
-        v = getattr(p, name)
-        if v is not None:
-            total += v
-    if math.isfinite(total):
-        return p  # the common case: one check; inf - inf and NaN make the sum non-finite
+    """A copy of ``p`` with its NaN and infinite values set to None (the rare slow path; a
+    sum of finite values can overflow too, and then the copy is equal to ``p``)."""
     bad = [n for n in _NUMERIC if (v := getattr(p, n)) is not None and not math.isfinite(v)]
     values = {name: getattr(p, name) for name in Point.__dataclass_fields__}
     for name in bad:

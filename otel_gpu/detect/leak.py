@@ -1,6 +1,6 @@
 """Leak detector: sustained, steady growth of a memory series' floor.
 
-Method (per subject, bounded state: 4 levels x 33 bucket minima):
+Method (per subject, bounded state: 4 levels x 32 envelope values):
 
 1. The memory series is decimated into bucket minima at four resolutions (``leak_bucket_s``
    x 1, 4, 16, 64). Windows are judged on the two-bucket lower envelope of the minima, the
@@ -78,14 +78,35 @@ def theil_sen(ts: list[float], ys: list[float]) -> float:
 
 
 class _Level:
-    """Bucket minima at one resolution; a bucket closes when a later sample arrives."""
+    """Bucket minima at one resolution, kept as their two-bucket lower envelope.
 
-    __slots__ = ("width", "times", "mins", "idx", "cur_min", "cur_tsum", "cur_n", "shapes")
+    A bucket closes when a sample of a later bucket arrives. Only the finest level sees every
+    sample (O(1) each). A coarser bucket is the merge of the finer buckets it spans (bucket
+    edges align: widths grow by LEVEL_FACTOR from one origin), so it is fed one closed finer
+    bucket at a time and closes only when its finer level does.
+    """
+
+    __slots__ = (
+        "width",
+        "env_t",
+        "env_y",
+        "last_t",
+        "last_y",
+        "idx",
+        "cur_min",
+        "cur_tsum",
+        "cur_n",
+        "shapes",
+    )
 
     def __init__(self, width: float) -> None:
         self.width = width
-        self.times: deque[float] = deque(maxlen=CAPACITY)
-        self.mins: deque[float] = deque(maxlen=CAPACITY)
+        # Envelope value i covers closed buckets i and i + 1: mean of their mean sample times,
+        # min of their minima. Built once per close, so windows are plain slices.
+        self.env_t: deque[float] = deque(maxlen=CAPACITY - 1)
+        self.env_y: deque[float] = deque(maxlen=CAPACITY - 1)
+        self.last_t = 0.0  # the latest closed bucket (valid once last_y is not None)
+        self.last_y: float | None = None
         self.idx = -1
         self.cur_min = 0.0
         self.cur_tsum = 0.0
@@ -93,47 +114,58 @@ class _Level:
         # The latest judgement of each window size.
         self.shapes: dict[int, WindowShape] = {}
 
-    def add(self, t: float, y: float) -> bool:
-        """Add a sample; True when it closed the previous bucket."""
-        idx = math.floor(t / self.width)
-        closed = False
-        if idx != self.idx and self.cur_n:
-            self.times.append(self.cur_tsum / self.cur_n)
-            self.mins.append(self.cur_min)
-            self.cur_n = 0
-            closed = True
+    def merge(self, idx: int, low: float, tsum: float, n: int) -> None:
+        """Add a closed finer bucket (or one sample: n == 1) to the open bucket ``idx``."""
         if self.cur_n == 0:
             self.idx = idx
-            self.cur_min = y
-            self.cur_tsum = t
-            self.cur_n = 1
+            self.cur_min = low
+            self.cur_tsum = tsum
+            self.cur_n = n
         else:
-            if y < self.cur_min:
-                self.cur_min = y
-            self.cur_tsum += t
-            self.cur_n += 1
-        return closed
+            if low < self.cur_min:
+                self.cur_min = low
+            self.cur_tsum += tsum
+            self.cur_n += n
+
+    def close(self) -> None:
+        t, y = self.cur_tsum / self.cur_n, self.cur_min
+        if self.last_y is not None:
+            self.env_t.append(0.5 * (self.last_t + t))
+            self.env_y.append(min(self.last_y, y))
+        self.last_t, self.last_y = t, y
+        self.cur_n = 0
 
     def clear(self) -> None:
-        self.times.clear()
-        self.mins.clear()
+        self.env_t.clear()
+        self.env_y.clear()
+        self.last_y = None
         self.cur_n = 0
         self.idx = -1
         self.shapes.clear()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class WindowShape:
-    """What a window says about the floor besides a possible leak (used to veto others)."""
+    """What a window says about the floor besides a possible leak (used to veto others).
+
+    Drawdown and noise are only needed when another window is a leak candidate (rare), so
+    they are computed from the window's floor values on first use.
+    """
 
     length_s: float
     saturating: bool  # rising ever more slowly: a cache filling toward a cap
-    drawdown: float  # largest fall of the (spike-filtered) floor, bytes
-    noise: float  # robust bucket-to-bucket noise, bytes
+    ys: list[float]  # the window's floor values
+    _drawdown_noise: tuple[float, float] | None = None
+
+    def drawdown_noise(self, cfg: DetectConfig) -> tuple[float, float]:
+        """(largest fall of the spike-filtered floor, robust bucket-to-bucket noise), bytes."""
+        if self._drawdown_noise is None:
+            self._drawdown_noise = shape_of(self.ys, cfg)
+        return self._drawdown_noise
 
 
-def shape_of(ts: list[float], ys: list[float], cfg: DetectConfig) -> WindowShape:
-    """Drawdown and noise of a window; cheap (O(n log n), n <= 32)."""
+def shape_of(ys: list[float], cfg: DetectConfig) -> tuple[float, float]:
+    """Drawdown and noise of a window's floor values; O(n log n), n <= 32."""
     n = len(ys)
     sm = ys  # already a two-bucket lower envelope, free of one-bucket spikes
     peak = sm[0]
@@ -146,16 +178,12 @@ def shape_of(ts: list[float], ys: list[float], cfg: DetectConfig) -> WindowShape
     diffs = [ys[i + 1] - ys[i] for i in range(n - 1)]
     centre = median(diffs)
     noise = 1.4826 * median([abs(d - centre) for d in diffs]) / math.sqrt(2.0)
-    return WindowShape(ts[-1] - ts[0], False, drawdown, max(noise, cfg.leak_noise_floor_bytes))
+    return drawdown, max(noise, cfg.leak_noise_floor_bytes)
 
 
 def _envelope(level: _Level, size: int) -> tuple[list[float], list[float]]:
     """The last ``size`` values of the two-bucket lower envelope of a level."""
-    raw_t = list(level.times)[-size - 1 :]
-    raw_y = list(level.mins)[-size - 1 :]
-    ts = [0.5 * (raw_t[i] + raw_t[i + 1]) for i in range(size)]
-    ys = [min(raw_y[i], raw_y[i + 1]) for i in range(size)]
-    return ts, ys
+    return list(level.env_t)[-size:], list(level.env_y)[-size:]
 
 
 def judge(
@@ -277,15 +305,42 @@ class LeakState:
         if p.phase in _SKIP_PHASES:
             return None
 
+        t = p.time
+        levels = self.levels
+        fine = levels[0]
+        # floor(t / (w * 4**k)) == floor(t / w) // 4**k exactly (scaling by a power of two
+        # commutes with rounding), so one division places the sample at every level.
+        idx = math.floor(t / fine.width)
+        if idx == fine.idx and fine.cur_n:
+            # The common case: the sample stays in the open finest bucket; nothing closes.
+            if used < fine.cur_min:
+                fine.cur_min = used
+            fine.cur_tsum += t
+            fine.cur_n += 1
+            return None
+        closed = 0
+        if fine.cur_n:
+            # Close the finest bucket and carry it up while the coarser buckets end too.
+            low, tsum, n, prev = fine.cur_min, fine.cur_tsum, fine.cur_n, fine.idx
+            fine.close()
+            closed = 1
+            for level in levels[1:]:
+                prev //= LEVEL_FACTOR
+                level.merge(prev, low, tsum, n)
+                if idx // LEVEL_FACTOR**closed == level.idx:
+                    break
+                low, tsum, n = level.cur_min, level.cur_tsum, level.cur_n
+                level.close()
+                closed += 1
+        fine.merge(idx, used, t, 1)
+
         finding: LeakFinding | None = None
-        for level in self.levels:
-            if not level.add(p.time, used):
-                continue
+        for level in levels[:closed]:
             found = self._judge_level(level)
             if found is not None and finding is None:
                 finding = found
-        if self.levels[0].mins:
-            self.last_floor = self.levels[0].mins[-1]
+        if fine.last_y is not None:
+            self.last_floor = fine.last_y
         if finding is not None and not self.active:
             self.active = True
             self.active_window = finding.window_s
@@ -297,7 +352,7 @@ class LeakState:
         best = found
         for level in self.levels:
             for size in WINDOWS:
-                if len(level.mins) < size + 1:
+                if len(level.env_y) < size:
                     continue
                 ts, ys = _envelope(level, size)
                 if ts[-1] - ts[0] <= best.window_s:
@@ -311,20 +366,23 @@ class LeakState:
         cfg = self.cfg
         best: LeakFinding | None = None
         for size in WINDOWS:
-            if len(level.mins) < size + 1:
+            env_t, env_y = level.env_t, level.env_y
+            if len(env_y) < size:
                 continue
             # Lower envelope over two adjacent buckets: drops one-bucket peaks (an evaluation
             # without phase information) and buckets that missed the trough of a sawtooth
             # slower than one bucket (aliasing would otherwise fake a slow rise).
-            ts, ys = _envelope(level, size)
-            length = ts[-1] - ts[0]
-            if length < cfg.leak_min_window_s and not self._may_be_urgent(length, ys):
+            # Length and end values first: most windows are too short to judge at all.
+            length = env_t[-1] - env_t[-size]
+            if length < cfg.leak_min_window_s and not self._may_be_urgent(
+                length, env_y[-size], env_y[-1]
+            ):
                 continue
+            ts, ys = _envelope(level, size)
             found, saturating = judge(ts, ys, self.limit, cfg)
             if length >= 0.9 * cfg.leak_min_window_s:
                 # Only windows this long can veto a candidate (see _vetted).
-                shape = shape_of(ts, ys, cfg)
-                level.shapes[size] = WindowShape(length, saturating, shape.drawdown, shape.noise)
+                level.shapes[size] = WindowShape(length, saturating, ys)
             if self.active and length >= self.active_window:
                 q = size // 4
                 if median(ys[-q:]) <= median(ys[:q]):
@@ -344,12 +402,12 @@ class LeakState:
             best = found
         return best
 
-    def _may_be_urgent(self, length: float, ys: list[float]) -> bool:
+    def _may_be_urgent(self, length: float, first: float, last: float) -> bool:
         """Crude rate (last - first) reaches the limit within the urgent horizon."""
         if self.limit is None or length <= 0:
             return False
-        crude = (ys[-1] - ys[0]) / length
-        return crude > 0 and (self.limit - ys[-1]) <= 2 * crude * self.cfg.leak_urgent_eta_s
+        crude = (last - first) / length
+        return crude > 0 and (self.limit - last) <= 2 * crude * self.cfg.leak_urgent_eta_s
 
     def _vetted(self, found: LeakFinding) -> bool:
         """Longer windows agree: no cache filling up, no release of memory, enough context."""
@@ -367,6 +425,7 @@ class LeakState:
                     return False
                 # The floor fell back recently (GC or evaluation sawtooth): growth that gets
                 # released is not a leak.
-                if shape.drawdown > min(rise, max(0.5 * rise, 6.0 * shape.noise)):
+                drawdown, noise = shape.drawdown_noise(self.cfg)
+                if drawdown > min(rise, max(0.5 * rise, 6.0 * noise)):
                     return False
         return context

@@ -70,6 +70,8 @@ class StallState:
         "power_frac",
         "busy_since",
         "idle_learnable",
+        "alpha_dt",
+        "alpha",
     )
 
     def __init__(self, cfg: DetectConfig) -> None:
@@ -95,12 +97,16 @@ class StallState:
         self.power_frac: float | None = None
         self.busy_since: float | None = None
         self.idle_learnable = False
+        self.alpha_dt = 0.0  # the smoothing factor for this interval (0 s: factor 0)
+        self.alpha = 0.0
 
     def _smooth(self, prev: float | None, value: float, dt: float) -> float:
         if prev is None:
             return value
-        alpha = 1.0 - math.exp(-dt / self.cfg.stall_smoothing_s)
-        return prev + alpha * (value - prev)
+        if dt != self.alpha_dt:  # sampling intervals repeat: one exp per new interval
+            self.alpha_dt = dt
+            self.alpha = 1.0 - math.exp(-dt / self.cfg.stall_smoothing_s)
+        return prev + self.alpha * (value - prev)
 
     def _end_idle(self, t: float) -> None:
         if self.idle_since is not None and not self.alerted and self.idle_learnable:
@@ -116,8 +122,24 @@ class StallState:
         return max(base, adapted)
 
     def observe(self, p: Point) -> StallFinding | None:
-        cfg = self.cfg
         t = p.time
+        if (
+            p.util is None
+            and p.power_w is None
+            and p.step is None
+            and self.util_s is None
+            and self.power_s is None
+            and self.last_step is None
+        ):
+            # Memory only (a process's RSS or GPU memory), and never any activity signal: the
+            # full path below could only record the time and the phase, so do just that.
+            self.last_t = t
+            self.raw_idle_since = self.raw_mode = None
+            if p.phase != self.phase:
+                self.phase = p.phase
+                self.phase_since = t
+            return None
+        cfg = self.cfg
         dt = 0.0 if self.last_t is None else max(0.0, t - self.last_t)
         self.last_t = t
         if p.util is not None:

@@ -34,8 +34,15 @@ class ThresholdState:
         self.xid: float | None = None
 
     def observe(self, p: Point) -> list[Finding]:
-        cfg = self.cfg
         out: list[Finding] = []
+        if (
+            p.limit_bytes is None
+            and p.temperature_c is None
+            and p.ecc_uncorrected is None
+            and p.xid_errors is None
+        ):
+            return out  # nothing any rule here reads (a process's memory without its limit)
+        cfg = self.cfg
         if cfg.threshold_enabled:
             mem = self._memory(p)
             if mem is not None:

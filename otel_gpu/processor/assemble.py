@@ -17,10 +17,16 @@ from dataclasses import dataclass
 from otel_gpu.detect.model import Point
 from otel_gpu.processor.decode import (
     DEVICE,
+    F_ECC,
     F_LIMIT,
     F_PHASE,
+    F_PLIMIT,
+    F_POWER,
     F_PROCS,
+    F_TEMP,
     F_USED,
+    F_UTIL,
+    F_XID,
     PROCESS_GPU,
     ResourceInfo,
 )
@@ -193,36 +199,39 @@ class Assembler:
         s.last_t, s.t = t, 0
         s.vals = [None] * _NFIELDS
         sub = s.subject
-        if sub.kind == DEVICE:
-            if v[F_LIMIT] is not None:
-                s.limit = v[F_LIMIT]
+        kind = sub.kind
+        if kind == DEVICE:
             limit = v[F_LIMIT]
+            if limit is not None:
+                s.limit = limit
+        elif kind == PROCESS_GPU:
+            dev = self._series.get((sub.resource.label, DEVICE, sub.hw_id, None))
+            limit = None if dev is None else dev.limit
         else:
             limit = None
-            if sub.kind == PROCESS_GPU:
-                dev = self._series.get((sub.resource.label, DEVICE, sub.hw_id, None))
-                limit = None if dev is None else dev.limit
         phase = step = None
-        job = self._jobs.get(sub.resource.job)
-        if job is not None:
-            if job.phase_t and job.phase_t <= t:
-                phase = job.phase
-            if job.step_t and job.step_t <= t:
-                step = job.step
+        if self._jobs:
+            job = self._jobs.get(sub.resource.job)
+            if job is not None:
+                if job.phase_t and job.phase_t <= t:
+                    phase = job.phase
+                if job.step_t and job.step_t <= t:
+                    step = job.step
         procs = v[F_PROCS]
+        # Positional, in Point's field order (one Point per subject per collection: hot).
         point = Point(
-            time=t / 1e9,
-            used_bytes=v[0],
-            limit_bytes=limit,
-            util=v[2],
-            procs=None if procs is None else int(procs),
-            phase=phase,  # type: ignore[arg-type]
-            power_w=v[4],
-            power_limit_w=v[5],
-            step=step,  # type: ignore[arg-type]
-            temperature_c=v[6],
-            ecc_uncorrected=v[7],
-            xid_errors=v[8],
+            t / 1e9,  # time
+            v[F_USED],
+            limit,  # limit_bytes
+            v[F_UTIL],
+            None if procs is None else int(procs),
+            phase,  # type: ignore[arg-type]
+            v[F_POWER],
+            v[F_PLIMIT],
+            step,  # type: ignore[arg-type]
+            v[F_TEMP],
+            v[F_ECC],
+            v[F_XID],
         )
         self.emitted += 1
         self._emit(sub, point)

@@ -1,8 +1,11 @@
 """Decode only the series the detectors use, straight from the request bytes.
 
 A request is read through the shallow views in :mod:`otel_gpu.processor.wire`; only metrics
-named in :data:`ROUTES` have their points parsed. Resources and attribute sets repeat from one
+named in :data:`ROUTES` have their points read. Resources and attribute sets repeat from one
 export to the next, so both are parsed once and cached by their encoded bytes (bounded caches).
+A data point in the layout SDKs write (start time, time and value as fixed-width fields, then
+only its attributes, canonically encoded) is read in place, its attribute bytes being the cache
+key; any other layout is parsed in full, so every valid encoding decodes the same way.
 
 Each accepted point goes to a :class:`Sink` as ``(resource, kind, hw_id, pid, time_ns, field,
 value)``. A point of a routed metric is *rejected* when its value is NaN, infinite or missing,
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -26,7 +30,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from otel_gpu.processor.wire import MetricsRequestView, NumberDataView
+from otel_gpu.processor.wire import MetricsRequestView, NumberDataPointView, NumberDataRawView
 
 # Subject kinds.
 DEVICE = "gpu"  # one GPU as seen by one reporting resource
@@ -113,6 +117,15 @@ class Sink(Protocol):
 
 _SKIP = object()  # a routed metric's point the detectors do not use (e.g. encoder utilization)
 _OVERFLOW = object()  # its subject was refused by the series cap
+_REPARSE = object()  # a data point not in the usual layout: parse it in full
+
+# Tags of a NumberDataPoint's fixed-width fields: 0x11 start_time_unix_nano, 0x19
+# time_unix_nano, 0x21 as_double, 0x31 as_int (field number << 3 | wire type 1, 64-bit).
+_VALUE_TAGS = (0x21, 0x31)
+_Key = bytes | tuple[bytes, ...]
+_U64 = struct.Struct("<Q").unpack_from
+_F64 = struct.Struct("<d").unpack_from
+_I64 = struct.Struct("<q").unpack_from
 
 
 @dataclass(slots=True)
@@ -200,8 +213,9 @@ class MetricsDecoder:
         self._min_ns = int(min_time_unix_s * 1e9)
         self._max_future_ns = int(max_future_s * 1e9)
         self._resources: dict[bytes, ResourceInfo] = {}
-        # reporter label -> metric name -> encoded attributes -> target / _SKIP / job tuple
-        self._targets: dict[str, dict[str, dict[tuple[bytes, ...], Any]]] = {}
+        # reporter label -> metric name -> attributes -> target / _SKIP / job tuple / _REPARSE;
+        # attributes as a data point's encoded tail (fast path) or a tuple of encoded KeyValues
+        self._targets: dict[str, dict[str, dict[_Key, Any]]] = {}
         self._entries = 0
         self._generation = -1
 
@@ -248,7 +262,7 @@ class MetricsDecoder:
         accepted = 0
         for ri, rm in enumerate(req.resource_metrics):
             res: ResourceInfo | None = None
-            by_metric: dict[str, dict[tuple[bytes, ...], Any]] = {}
+            by_metric: dict[str, dict[_Key, Any]] = {}
             for si, sm in enumerate(rm.scope_metrics):
                 for mi, metric in enumerate(sm.metrics):
                     name = metric.name
@@ -270,24 +284,40 @@ class MetricsDecoder:
                     if cache is None:
                         cache = by_metric[name] = {}
                     kind, fld = route
-                    for di, dp in enumerate(NumberDataView.FromString(data).data_points):
-                        t = dp.time_unix_nano
-                        v = dp.as_double or dp.as_int
-                        if (
-                            not (lo < t < hi)
-                            or not isfinite(v)
-                            or (not v and dp.WhichOneof("value") is None)
-                        ):
+                    for di, b in enumerate(NumberDataRawView.FromString(data).data_points):
+                        # Fast path: the fixed-width head SDKs write (start time, time, value)
+                        # read in place; the rest, the attributes, is the cache key as is.
+                        o = 9 if b[:1] == b"\x11" else 0
+                        if len(b) >= o + 18 and b[o] == 0x19 and b[o + 9] in _VALUE_TAGS:
+                            t = _U64(b, o + 1)[0]
+                            v = (_F64 if b[o + 9] == 0x21 else _I64)(b, o + 10)[0] or 0
+                            key: Any = b[o + 18 :]
+                            tg = cache.get(key)
+                            if tg is None and not _plain_tail(key):
+                                tg = cache[key] = _REPARSE  # more than attributes follow
+                                self._entries += 1  # (the cache stays bounded)
+                            has_value = True
+                        else:
+                            tg = _REPARSE
+                        if tg is _REPARSE:
+                            dp = NumberDataPointView.FromString(b)
+                            t = dp.time_unix_nano
+                            v = dp.as_double or dp.as_int
+                            has_value = dp.WhichOneof("value") is not None
+                            key = tuple(dp.attributes)
+                            tg = cache.get(key)
+                        if not (lo < t < hi) or not isfinite(v) or not has_value:
                             out.rejected += 1
                             out.bad.append((ri, si, mi, di))
                             if not out.first_error:
                                 out.first_error = _why(name, t, v, lo, hi)
                             continue
                         accepted += 1
-                        key = tuple(dp.attributes)
-                        tg = cache.get(key)
                         if tg is None:
-                            tg = cache[key] = self._resolve(sink, res, kind, fld, point_attrs(key))
+                            attrs = key if type(key) is tuple else _tail_attrs(key)
+                            tg = cache[key] = self._resolve(
+                                sink, res, kind, fld, point_attrs(attrs)
+                            )
                             self._entries += 1
                         if tg is _SKIP:
                             continue
@@ -311,6 +341,18 @@ def _why(name: str, t: int, v: float, lo: int, hi: int) -> str:
     if not lo < t < hi:
         return f"{name}: timestamp {t} ns is outside the accepted range"
     return f"{name}: data point has no value"
+
+
+def _tail_attrs(tail: bytes) -> list[bytes]:
+    """The encoded KeyValues of a data point's tail (DecodeError if malformed)."""
+    return list(NumberDataPointView.FromString(tail).attributes)
+
+
+def _plain_tail(tail: bytes) -> bool:
+    """True when ``tail`` is nothing but attributes, canonically encoded, so that the head
+    read in place holds the point's only time and value (else the point is parsed in full)."""
+    attrs = _tail_attrs(tail)
+    return NumberDataPointView(attributes=attrs).SerializeToString() == tail  # type: ignore[no-any-return]
 
 
 def strip_rejected(raw: bytes, bad: Iterable[tuple[int, int, int, int]]) -> bytes:

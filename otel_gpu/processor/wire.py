@@ -5,7 +5,7 @@ requests through *views*: messages declared here with the same field numbers as 
 every part the processor does not read typed as ``bytes`` (kept as an opaque slice, not parsed)
 or left out (skipped by the parser as an unknown field). Parsing a view checks the wire framing
 of the levels it declares and costs a fraction of a full parse; a metric's data points are only
-parsed when the metric is one the detectors use.
+read when the metric is one the detectors use, each as its encoded bytes (see decode.py).
 """
 
 from __future__ import annotations
@@ -68,8 +68,9 @@ def _build_views() -> dict[str, Any]:
         ("gauge", 5, byt, False, None),
         ("sum", 7, byt, False, None),
     )
-    # Gauge and Sum both keep their points in field 1.
-    message("NumberData", ("data_points", 1, msg, True, "NumberDataPoint"))
+    # Gauge and Sum both keep their points in field 1, each read as its bytes; a point that is
+    # not in the usual layout is then parsed as a NumberDataPoint.
+    message("NumberDataRaw", ("data_points", 1, byt, True, None))
     message(
         "NumberDataPoint",
         ("attributes", 7, byt, True, None),
@@ -91,7 +92,7 @@ def _build_views() -> dict[str, Any]:
     pool.Add(fd)
     names = (
         "MetricsRequest",
-        "NumberData",
+        "NumberDataRaw",
         "NumberDataPoint",
         "Envelope",
     )
@@ -102,7 +103,8 @@ def _build_views() -> dict[str, Any]:
 
 _VIEWS = _build_views()
 MetricsRequestView: Any = _VIEWS["MetricsRequest"]
-NumberDataView: Any = _VIEWS["NumberData"]
+NumberDataRawView: Any = _VIEWS["NumberDataRaw"]
+NumberDataPointView: Any = _VIEWS["NumberDataPoint"]
 EnvelopeView: Any = _VIEWS["Envelope"]
 
 
