@@ -49,8 +49,11 @@ def test_run_exports_nvml_device_and_process_points_for_the_child(fake_nvml: Fak
     gpu_proc = [
         p for p in pts["process.gpu.memory.usage"] if p["attributes"]["process.pid"] == child_pid
     ]
-    assert gpu_proc and gpu_proc[-1]["value"] == 3 * GIB
-    assert gpu_proc[-1]["attributes"]["process.executable.name"].startswith("python")
+    assert gpu_proc and {p["value"] for p in gpu_proc} == {3 * GIB}
+    # While the child runs its GPU memory carries its /proc identity. (After it exits, NVML may
+    # still list it for a sweep: then the point keeps only the PID, which is also right.)
+    names = {p["attributes"].get("process.executable.name", "") for p in gpu_proc}
+    assert any(name.startswith("python") for name in names)
     assert child_pid in {p["attributes"]["process.pid"] for p in pts["process.memory.usage"]}
 
 
