@@ -18,23 +18,20 @@ import math
 
 from otel_gpu.detect.config import DetectConfig
 from otel_gpu.detect.leak import LeakFinding, LeakState
-from otel_gpu.detect.model import ANOMALY, HARDWARE, LEAK, STALL, THRESHOLD, Alert, Point
+from otel_gpu.detect.model import (
+    ANOMALY,
+    HARDWARE,
+    LEAK,
+    NUMERIC_FIELDS,
+    STALL,
+    THRESHOLD,
+    Alert,
+    Point,
+)
 from otel_gpu.detect.stall import SPIN, STEPS, StallFinding, StallState
 from otel_gpu.detect.threshold import AnomalyState, Finding, ThresholdState
 
 __all__ = ["DetectConfig", "Engine"]
-
-_NUMERIC = (
-    "used_bytes",
-    "limit_bytes",
-    "util",
-    "power_w",
-    "power_limit_w",
-    "step",
-    "temperature_c",
-    "ecc_uncorrected",
-    "xid_errors",
-)
 
 
 class _Subject:
@@ -113,7 +110,7 @@ class Engine:
 def _sanitized(p: Point) -> Point:
     """A copy of ``p`` with its NaN and infinite values set to None (the rare slow path; a
     sum of finite values can overflow too, and then the copy is equal to ``p``)."""
-    bad = [n for n in _NUMERIC if (v := getattr(p, n)) is not None and not math.isfinite(v)]
+    bad = [n for n in NUMERIC_FIELDS if (v := getattr(p, n)) is not None and not math.isfinite(v)]
     values = {name: getattr(p, name) for name in Point.__dataclass_fields__}
     for name in bad:
         values[name] = None

@@ -18,6 +18,21 @@ PHASE_EVALUATE = "evaluate"
 PHASE_SAVE = "save"
 
 
+# The numeric Point fields, in CSV column order (`otel-gpu analyze`) — also what the engine checks
+# for NaN and infinities.
+NUMERIC_FIELDS = (
+    "used_bytes",
+    "limit_bytes",
+    "util",
+    "power_w",
+    "power_limit_w",
+    "step",
+    "temperature_c",
+    "ecc_uncorrected",
+    "xid_errors",
+)
+
+
 @dataclass(slots=True)
 class Point:
     """One observation of one subject at the data's own time ``time`` (seconds).

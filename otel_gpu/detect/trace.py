@@ -15,22 +15,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from otel_gpu.detect.engine import Engine
-from otel_gpu.detect.model import Alert, Point
+from otel_gpu.detect.model import NUMERIC_FIELDS, Alert, Point
 from otel_gpu.errors import UsageError
 
 REQUIRED = ("time_s", "used_bytes", "limit_bytes")
-# Numeric columns, named as the Point fields they fill.
-_FLOATS = (
-    "used_bytes",
-    "limit_bytes",
-    "util",
-    "power_w",
-    "power_limit_w",
-    "step",
-    "temperature_c",
-    "ecc_uncorrected",
-    "xid_errors",
-)
 
 
 class TraceError(UsageError):
@@ -68,7 +56,7 @@ def _parse(name: str, lines: Iterable[str]) -> list[Point]:
             f"'time_s,used_bytes,limit_bytes[,util,procs,phase,power_w,power_limit_w]'"
         )
     index = {c: i for i, c in enumerate(cols)}
-    float_cols = [(index[c], c) for c in _FLOATS if c in index]
+    float_cols = [(index[c], c) for c in NUMERIC_FIELDS if c in index]
     i_time = index["time_s"]
     i_procs = index.get("procs")
     i_phase = index.get("phase")
