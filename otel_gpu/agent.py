@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import IO, Any
 
 from opentelemetry.metrics import MeterProvider
@@ -79,10 +79,14 @@ class Agent:
         return self
 
     def shutdown(self, timeout_s: float | None = None) -> None:
+        """Stop sampling and flush notifications, both within one ``timeout_s`` bound."""
+        from otel_gpu.export import close_all
+
         timeout = self.settings.shutdown_timeout_s if timeout_s is None else timeout_s
-        self.sampler.stop(timeout)
+        steps: list[tuple[str, Callable[[float], object]]] = [("sampler", self.sampler.stop)]
         if self.watchdog is not None:
-            self.watchdog.close(timeout)
+            steps.append(("actions", self.watchdog.close))
+        close_all(steps, timeout)
 
 
 def _version() -> str:

@@ -72,6 +72,8 @@ class Settings:
     def validate(self) -> None:
         if not self.interval_s >= 0.1:
             raise UsageError(f"interval {self.interval_s} s is too short: use 0.1 s or more")
+        if not self.interval_s <= _MAX_SECONDS:
+            raise UsageError(f"interval {self.interval_s} s is too long: use at most 3600 s")
         if self.simulate is not None and self.simulate not in SIM_SCENARIOS:
             raise UsageError(
                 f"unknown simulation scenario {self.simulate!r}: use one of {', '.join(SIM_SCENARIOS)}"
@@ -90,10 +92,11 @@ class Settings:
             "nvml_timeout_s",
             "shutdown_timeout_s",
         ):
-            if not getattr(self, name) > 0:
-                raise UsageError(f"{ENV[name]} must be a positive number")
+            if not 0 < getattr(self, name) <= _MAX_SECONDS:
+                raise UsageError(f"{ENV[name]} must be a positive number of at most 3600 s")
 
 
+_MAX_SECONDS = 3600.0  # bound on every period and timeout (also rejects inf and NaN)
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -134,9 +137,9 @@ def check_endpoint(endpoint: str) -> str:
         port = parts.port
     except ValueError:
         port = -1
-    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+    if parts.scheme not in ("http", "https") or not parts.hostname or port in (-1, None):
         raise UsageError(
-            f"bad OTLP endpoint {text!r}: use http://HOST:PORT or https://HOST:PORT "
-            "(for example http://localhost:4317)"
+            f"bad OTLP endpoint {text!r}: use http://HOST:PORT or https://HOST:PORT, port "
+            "included (for example http://localhost:4317)"
         )
     return text

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from opentelemetry.sdk.metrics import MeterProvider
@@ -21,6 +22,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 
 from otel_gpu.config import Settings
+from otel_gpu.errors import UsageError
 
 log = logging.getLogger("otel_gpu.export")
 
@@ -36,7 +38,12 @@ def metric_readers(settings: Settings) -> list[MetricReader]:
         kwargs: dict[str, object] = {"timeout": settings.export_timeout_s}
         if settings.endpoint:
             kwargs["endpoint"] = settings.endpoint
-        exporter = OTLPMetricExporter(**kwargs)  # type: ignore[arg-type]
+        try:
+            exporter = OTLPMetricExporter(**kwargs)  # type: ignore[arg-type]
+        except Exception as exc:  # e.g. OTEL_EXPORTER_OTLP_COMPRESSION=zstd, a bad header
+            raise UsageError(
+                f"cannot configure the OTLP exporter from the OTEL_EXPORTER_OTLP_* settings: {exc}"
+            ) from None
         return [
             PeriodicExportingMetricReader(
                 exporter, interval_ms, export_timeout_millis=settings.export_timeout_s * 1000.0
@@ -71,6 +78,40 @@ def bounded(fn: Callable[[], object], timeout_s: float, what: str) -> bool:
         log.warning("%s did not finish within %.1f s; continuing without it", what, timeout_s)
         return False
     return True
+
+
+def close_all(steps: Sequence[tuple[str, Callable[[float], object]]], timeout_s: float) -> bool:
+    """Run every ``step(timeout_s)`` in parallel and wait for them until one shared deadline.
+
+    One bound for the whole shutdown (``OTEL_GPU_SHUTDOWN_TIMEOUT``), not one per step: steps
+    that overrun are abandoned on their daemon threads. True if all finished in time.
+    """
+    deadline = time.monotonic() + timeout_s
+    threads = []
+    for name, step in steps:
+        thread = threading.Thread(
+            target=_quietly,
+            args=(name, step, timeout_s),
+            name=f"otel-gpu-close-{name}",
+            daemon=True,
+        )
+        thread.start()
+        threads.append((name, thread))
+    late = []
+    for name, thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            late.append(name)
+    if late:
+        log.warning("shutdown of %s did not finish within %.1f s", ", ".join(late), timeout_s)
+    return not late
+
+
+def _quietly(name: str, step: Callable[[float], object], timeout_s: float) -> None:
+    try:
+        step(timeout_s)
+    except Exception:
+        log.debug("%s shutdown failed", name, exc_info=True)
 
 
 def shutdown_provider(provider: MeterProvider, timeout_s: float) -> bool:

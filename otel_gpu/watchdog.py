@@ -49,7 +49,8 @@ def snapshot_points(
                 used_bytes=g.memory_used,
                 limit_bytes=g.memory_total,
                 util=g.util_gpu,
-                procs=per_gpu.get(g.uuid, 0),
+                # Unknown (not 0) when NVML could not list processes: 0 would read as "released".
+                procs=per_gpu.get(g.uuid, 0) if g.processes_listed else None,
                 phase=phase,
                 power_w=g.power_w,
                 power_limit_w=g.power_limit_w,
@@ -206,10 +207,13 @@ class Watchdog:
             self._absent[subject] = n
             if n >= _FORGET_AFTER_SWEEPS:
                 self.engine.forget(subject)
+                self.breaker.forget(subject)
                 self._absent.pop(subject, None)
                 with self._lock:
                     self._attrs.pop(subject, None)
                     self._leak.pop(subject, None)
+                    for key in [k for k in self._alert_counts if k[0] == subject]:
+                        del self._alert_counts[key]
 
     # -- detector outputs as instruments ------------------------------------------------------
 
@@ -286,6 +290,16 @@ def _in_process_progress() -> tuple[Callable[[], str | None], Callable[[], float
     except ImportError:
         return (lambda: None), (lambda: None)
     return current_phase, current_step
+
+
+def check_settings() -> None:
+    """Validate the detection, breaker and action settings now (UsageError on a bad one), so a
+    command can refuse before it starts the job rather than run it unwatched."""
+    from otel_gpu.actions.config import ActionsConfig
+
+    DetectConfig.from_env()
+    BreakerConfig.from_env()
+    ActionsConfig.from_env()
 
 
 def _graceful_stop() -> Callable[[str], bool] | None:

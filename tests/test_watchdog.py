@@ -16,7 +16,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from otel_gpu.agent import Agent
 from otel_gpu.config import Settings
 from otel_gpu.sampling.sim import GIB, SimulatedSource
-from otel_gpu.sampling.snapshot import ProcessSample, Snapshot
+from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, ProcessSample, Snapshot
 from otel_gpu.watchdog import Watchdog, snapshot_points
 
 TRAP = (
@@ -144,3 +144,39 @@ def test_only_watched_processes_feed_host_memory_subjects() -> None:
     )
     subjects = [s for s, _p, _a in snapshot_points(snap, host_memory=1000)]
     assert subjects == ["rss:1"]
+
+
+def test_unlisted_gpu_processes_are_unknown_not_zero() -> None:
+    """NVML could not list processes (MIG, vGPU, a timeout): the count is unknown, not 0, so
+    the detectors don't read it as "memory released" and drop their evidence."""
+    listed = GpuSample(uuid="G", index=0, memory_used=5, processes_listed=True)
+    unlisted = GpuSample(uuid="H", index=1, memory_used=5, processes_listed=False)
+    snap = Snapshot(time=1.0, gpus=(listed, unlisted))
+    procs = {s: p.procs for s, p, _a in snapshot_points(snap)}
+    assert procs == {"gpu:G": 0, "gpu:H": None}
+
+
+def test_stop_targets_are_watched_processes_on_a_gpu_only() -> None:
+    """A launcher in the tree without GPU memory and a GPU process outside the tree are never
+    stop targets; the trainer (in the tree, on a GPU) is, until it leaves the GPU."""
+    from otel_gpu.detect.breaker import Breaker
+    from otel_gpu.detect.engine import Engine
+
+    wd = Watchdog(Engine(), Breaker())
+    snap = Snapshot(
+        time=1.0,
+        gpus=(GpuSample(uuid="G", index=0, processes_listed=True),),
+        gpu_processes=(
+            GpuProcessSample(pid=20, gpu_uuid="G", used_memory=1),
+            GpuProcessSample(pid=99, gpu_uuid="G", used_memory=1),
+        ),
+        processes=(
+            ProcessSample(pid=10, in_tree=True),  # launcher
+            ProcessSample(pid=20, in_tree=True),  # trainer
+            ProcessSample(pid=99, in_tree=False),  # another job on the same GPU
+        ),
+    )
+    wd.on_snapshot(snap)
+    assert wd.trainer_pids == {20}
+    wd.on_snapshot(Snapshot(time=2.0, processes=snap.processes))
+    assert wd.trainer_pids == set()

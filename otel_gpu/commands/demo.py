@@ -24,6 +24,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 
 from otel_gpu.config import Settings
+from otel_gpu.errors import UsageError
 
 GIB = 1024**3
 # A training-like loop: a little CPU work per "step", forever (the demo ends it).
@@ -75,6 +76,10 @@ class _Receiver(BaseHTTPRequestHandler):
 
 
 def demo(args: argparse.Namespace) -> int:
+    if not 0 < args.max_seconds <= 3600:
+        raise UsageError(
+            f"--max-seconds {args.max_seconds}: use a number of seconds from 1 to 3600"
+        )
     from otel_gpu.actions.dispatcher import ActionDispatcher
     from otel_gpu.actions.notifiers import JsonNotifier
     from otel_gpu.agent import Agent

@@ -9,7 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from otel_gpu.commands.common import (
     add_agent_options,
@@ -65,42 +65,55 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     setup_logging(args.verbose)
     from otel_gpu.agent import Agent, acquire_node_lock
-    from otel_gpu.export import meter_provider, shutdown_provider
+    from otel_gpu.export import close_all, meter_provider, shutdown_provider
+    from otel_gpu.watchdog import check_settings
 
+    if settings.detect:
+        check_settings()  # a bad OTEL_GPU_* setting refuses to start, never runs the job unwatched
     # Own the node before the job starts, so an auto-instrumented job does not sample it twice.
     acquire_node_lock(settings.lock_dir)
     provider = meter_provider(settings, build_resource(args.service_name, cmd, settings))
-    try:
-        child = subprocess.Popen(cmd, start_new_session=True)
-    except OSError as exc:
-        shutdown_provider(provider, 1.0)
-        raise UsageError(f"cannot start {cmd[0]!r}: {exc.strerror}") from None
-    previous = {}
+    job: list[subprocess.Popen] = []
+    early: list[int] = []  # signals that arrived before the job existed
 
     def forward(signum: int, _frame: object) -> None:
+        if not job:
+            early.append(signum)
+            return
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signum)
+            os.killpg(job[0].pid, signum)
 
-    for sig in FORWARDED:
-        previous[sig] = signal.signal(sig, forward)
+    # Handlers first: a Ctrl-C between starting the job and installing them would end otel-gpu
+    # and leave the job (in its own session) running unsupervised.
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     agent = None
     try:
+        try:
+            job.append(subprocess.Popen(cmd, start_new_session=True))
+        except OSError as exc:
+            raise UsageError(f"cannot start {cmd[0]!r}: {exc.strerror}") from None
+        for signum in early:
+            forward(signum, None)
         try:
             agent = Agent(
                 settings,
                 meter_provider=provider,
-                roots=[child.pid],
+                roots=[job[0].pid],
                 visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
             ).start()
         except Exception as exc:  # the job runs on, unwatched, rather than being harmed
             log.warning("the agent failed to start (%s); %s runs on unwatched", exc, cmd[0])
-        code = wait_child(child)
+        code = wait_child(job[0])
     finally:
-        if agent is not None:
-            agent.shutdown()
-        shutdown_provider(provider, settings.shutdown_timeout_s)
+        # The job is gone: Ctrl-C interrupts otel-gpu's own shutdown again.
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        steps: list[tuple[str, Callable[[float], object]]] = [
+            ("metrics", lambda t: shutdown_provider(provider, t))
+        ]
+        if agent is not None:
+            steps.insert(0, ("agent", agent.shutdown))
+        close_all(steps, settings.shutdown_timeout_s if job else 1.0)
     return code
 
 

@@ -17,13 +17,16 @@ from otel_gpu.commands.common import (
 )
 from otel_gpu.errors import UsageError
 
+_PID_MAX = 4194304  # the kernel's largest pid_max
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "watch",
         help="attach to a running process tree",
         description="Watch PID and all its descendants and their GPUs until PID exits "
-        "(or Ctrl-C). Nothing is sent to the watched processes.",
+        "(or Ctrl-C). Nothing is sent to the watched processes unless OTEL_GPU_STOP_ON_ALERT "
+        "is set, and then only the stop signal to its processes that hold GPU memory.",
     )
     parser.add_argument("--pid", type=int, required=True, help="root PID of the job to watch")
     add_agent_options(parser)
@@ -31,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def watch(args: argparse.Namespace) -> int:
-    if args.pid <= 0 or not psutil.pid_exists(args.pid):
+    if not 0 < args.pid <= _PID_MAX or not psutil.pid_exists(args.pid):
         raise UsageError(f"no process with PID {args.pid}: check it with 'ps -p {args.pid}'")
     try:
         root = psutil.Process(args.pid)
@@ -44,7 +47,11 @@ def watch(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     setup_logging(args.verbose)
     from otel_gpu.agent import Agent, acquire_node_lock
-    from otel_gpu.export import meter_provider, shutdown_provider
+    from otel_gpu.export import close_all, meter_provider, shutdown_provider
+    from otel_gpu.watchdog import check_settings
+
+    if settings.detect:
+        check_settings()
 
     acquire_node_lock(settings.lock_dir)
     provider = meter_provider(settings, build_resource(args.service_name, [name], settings))
@@ -61,10 +68,12 @@ def watch(args: argparse.Namespace) -> int:
             if not _alive(args.pid, created):
                 break
     finally:
-        agent.shutdown()
-        shutdown_provider(provider, settings.shutdown_timeout_s)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        close_all(
+            [("agent", agent.shutdown), ("metrics", lambda t: shutdown_provider(provider, t))],
+            settings.shutdown_timeout_s,
+        )
     return 0
 
 

@@ -388,8 +388,10 @@ class NvmlSource:
                     out[name] = conv(v)
         if dev.xid_count is not None:
             out["xid_errors"] = dev.xid_count
+        out["processes_listed"] = False
         if "processes" not in off:
             listed = call(dev, "processes", api.compute_processes, h)
+            out["processes_listed"] = listed is not api.FAILED
             if listed is not api.FAILED and listed:
                 util = self._process_util(dev) if "process_util" not in off else {}
                 for pid, used in listed:

@@ -123,6 +123,7 @@ class SimulatedSource:
                     xid_errors=0,
                     clock_sm_hz=1.98e9 if util > 0.1 else 3.45e8,
                     clock_mem_hz=2.6e9,
+                    processes_listed=True,
                 )
             )
             for pid in pids:

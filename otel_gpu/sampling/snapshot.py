@@ -44,6 +44,9 @@ class GpuSample:
     pcie_rx_bytes_per_s: float | None = None
     throttle_reasons: int | None = None  # NVML clocks-event-reasons bitmask
     mig_mode: bool | None = None
+    # Whether NVML's process list was read this sweep (False: not supported or the call failed,
+    # so an empty list says nothing about how many processes hold the GPU).
+    processes_listed: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,7 +96,8 @@ def build(role: str, auto_instrumentation_version: str | None = None) -> Setup:
 
         # Under torchrun the parent is torchrun's agent, whose children are all local ranks:
         # watch that tree, so sibling ranks' host memory and CPU are covered too.
-        roots = [os.getppid()] if os.environ.get("LOCAL_RANK") is not None else None
+        # (TORCHELASTIC_RUN_ID is set by torchrun's agent; a stray LOCAL_RANK in a shell is not.)
+        roots = [os.getppid()] if os.environ.get("TORCHELASTIC_RUN_ID") else None
         setup.agent = start_in_process(meter_provider, agent_settings, roots)
     return setup
 
