@@ -428,3 +428,21 @@ def test_real_exec_of_the_same_program(spawned: list[subprocess.Popen]) -> None:
             break
         time.sleep(0.05)
     assert command is not None and command.endswith("second")
+
+
+def test_fd_count_of_a_real_process_matches_its_fd_directory() -> None:
+    """On procfs the count comes from stat(/proc/PID/fd).st_size where the kernel provides it
+    (Linux 6.2+), else from listing the directory; both must give the process's open files."""
+    import subprocess
+    import sys
+
+    code = "import os, time; fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(7)]; print(1, flush=True); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "1"
+        sample = by_pid(ProcessTree([child.pid]).sample())[child.pid]
+        assert sample.fd_count == len(os.listdir(f"/proc/{child.pid}/fd"))
+        assert sample.fd_count is not None and sample.fd_count >= 10  # stdio + pipe + the 7
+    finally:
+        child.kill()
+        child.wait()
