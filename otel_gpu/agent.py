@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterable
 from typing import IO, Any
 
@@ -130,30 +131,64 @@ def acquire_node_lock(lock_dir: str | None = None) -> bool:
     return True
 
 
+class BackgroundAgent:
+    """An :class:`Agent` built and started on its own thread, so a job that loads the agent
+    in-process never reads /proc or NVML on its own threads, not even at start-up."""
+
+    def __init__(self, build: Callable[[], Agent]) -> None:
+        self.agent: Agent | None = None
+        self._ready = threading.Event()
+        threading.Thread(
+            target=self._start, args=(build,), name="otel-gpu-agent-start", daemon=True
+        ).start()
+
+    def _start(self, build: Callable[[], Agent]) -> None:
+        try:
+            self.agent = build().start()
+        except Exception as exc:  # the job must never be harmed by the agent failing
+            log.warning("otel-gpu agent not started: %s", exc)
+        finally:
+            self._ready.set()
+
+    def wait_started(self, timeout_s: float) -> Agent | None:
+        self._ready.wait(timeout_s)
+        return self.agent
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        agent = self.wait_started(timeout_s)
+        if agent is not None:
+            agent.shutdown(timeout_s)
+
+
 def start_in_process(
     meter_provider: MeterProvider,
     settings: Settings | None = None,
     roots: Iterable[int] | None = None,
-) -> Agent | None:
+) -> BackgroundAgent | None:
     """Start the node agent here if this process wins the node lock; never raises.
 
     Watches the tree under ``roots`` (default: this process, so its DataLoader workers and
     spawned ranks; a torchrun rank passes its parent, torchrun's agent, to cover its sibling
     ranks) and the GPUs named by ``CUDA_VISIBLE_DEVICES``. The engine runs in-process, so a
-    stop action asks the trainer's graceful checkpoint-and-stop first.
+    stop action asks the trainer's graceful checkpoint-and-stop first. The agent is built on a
+    background thread; the caller keeps the handle to shut it down.
     """
     try:
         settings = settings or Settings.load()
         if not acquire_node_lock(settings.lock_dir):
             return None
-        agent = Agent(
-            settings,
-            meter_provider=meter_provider,
-            roots=list(roots) if roots is not None else [os.getpid()],
-            visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-            in_process=True,
-        )
-        return agent.start()
-    except Exception as exc:  # the job must never be harmed by the agent failing
+    except Exception as exc:
         log.warning("otel-gpu agent not started: %s", exc)
         return None
+    chosen = settings
+    watched = list(roots) if roots is not None else [os.getpid()]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return BackgroundAgent(
+        lambda: Agent(
+            chosen,
+            meter_provider=meter_provider,
+            roots=watched,
+            visible_devices=visible,
+            in_process=True,
+        )
+    )

@@ -19,7 +19,8 @@ SCRIPT = textwrap.dedent(
     print("owner" if agent is not None else "follower", flush=True)
     sys.stdin.readline()  # hold the lock until the test says so
     if agent is not None:
-        print("sweeps", agent.sampler.sweeps > 0, flush=True)
+        started = agent.wait_started(10)
+        print("sweeps", started is not None and started.sampler.sweeps > 0, flush=True)
         agent.shutdown(1.0)
     """
 )
