@@ -99,18 +99,24 @@ def main() -> int:
         os.environ["FAKE_NVML_SCENARIO"] = str(work / "scenario")
 
         from otel_gpu import metrics
+        from otel_gpu.agent import DISCOVERY_PERIOD_S
         from otel_gpu.sampling.nvml import NvmlSource
         from otel_gpu.sampling.procs import ProcessTree
         from otel_gpu.sampling.sampler import Sampler
 
         source = NvmlSource(library_path=str(lib), call_timeout_s=2.0)
-        sampler = Sampler(source, ProcessTree(pids), interval_s=1.0)
+        # As the agent runs it, at a 1 s interval: the tree's clock advances 1 s per cycle, so one
+        # cycle in DISCOVERY_PERIOD_S pays for a full /proc scan, as it would in production.
+        simulated = [0.0]
+        tree = ProcessTree(pids, discovery_period_s=DISCOVERY_PERIOD_S, clock=lambda: simulated[0])
+        sampler = Sampler(source, tree, interval_s=1.0)
         reader = InMemoryMetricReader()
         metrics.register(
             MeterProvider(metric_readers=[reader]).get_meter("bench"), lambda: sampler.latest
         )
 
         def ours() -> None:
+            simulated[0] += 1.0
             sampler.sample_once()
             reader.get_metrics_data()
 
@@ -138,7 +144,11 @@ def main() -> int:
         floor_s = cpu_per_cycle(floor_reader.get_metrics_data, args.cycles, args.pause)
 
         # Sampling alone, for the breakdown.
-        sweep_s = cpu_per_cycle(sampler.sample_once, args.cycles, args.pause)
+        def sweep() -> None:
+            simulated[0] += 1.0
+            sampler.sample_once()
+
+        sweep_s = cpu_per_cycle(sweep, args.cycles, args.pause)
         sampler.stop(2.0)
     finally:
         for c in children:

@@ -24,6 +24,9 @@ from otel_gpu.sampling.source import DeviceSource
 log = logging.getLogger("otel_gpu.agent")
 
 _LOCK_NAME = "otel-gpu-node-{uid}.lock"
+# New processes in the watched tree are found within this many seconds; between those full
+# /proc scans a sweep reads only the known tree and the GPU processes.
+DISCOVERY_PERIOD_S = 5.0
 
 
 def make_source(settings: Settings, visible_devices: str | None = None) -> DeviceSource:
@@ -59,7 +62,10 @@ class Agent:
         self.settings = settings
         self.source = source if source is not None else make_source(settings, visible_devices)
         self.tree = ProcessTree(
-            roots, proc_root=settings.proc_root, max_processes=settings.max_processes
+            roots,
+            proc_root=settings.proc_root,
+            max_processes=settings.max_processes,
+            discovery_period_s=DISCOVERY_PERIOD_S,
         )
         self.sampler = Sampler(self.source, self.tree, interval_s=settings.interval_s)
         self.instruments: list[Any] = []

@@ -446,3 +446,19 @@ def test_fd_count_of_a_real_process_matches_its_fd_directory() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_between_discovery_scans_only_the_known_tree_is_read(proc: FakeProc) -> None:
+    """With a discovery period, a new child is found at the next full scan, while a member
+    that exits disappears at once and the known members keep reporting every sweep."""
+    clock = Clock()
+    proc.add(100)
+    proc.add(101, ppid=100)
+    tree = ProcessTree([100], proc_root=str(proc.root), clock=clock, discovery_period_s=5.0)
+    assert list(by_pid(tree.sample())) == [100, 101]
+    proc.add(102, ppid=100)  # a new worker
+    proc.remove(101)  # an exited one
+    clock.t += 1
+    assert list(by_pid(tree.sample())) == [100]  # 102 not yet discovered, 101 gone at once
+    clock.t += 4
+    assert list(by_pid(tree.sample())) == [100, 102]  # found within the period

@@ -22,6 +22,7 @@ NVML reports host PIDs. They are mapped to PIDs of the ``/proc`` this tree reads
 from __future__ import annotations
 
 import logging
+import math
 import os
 import pwd
 import threading
@@ -104,6 +105,7 @@ class ProcessTree:
         host_pid_namespace: bool | None = None,
         agent_proc_root: str = "/proc",
         clock: Callable[[], float] = time.monotonic,
+        discovery_period_s: float = 0.0,
     ) -> None:
         """``root_pids`` are PIDs as the agent sees them (in ``agent_proc_root``); when
         ``proc_root`` is another namespace's /proc (the host's, mounted into a container) they
@@ -133,6 +135,11 @@ class ProcessTree:
         self._boot_time: float | None = None
         self._warned_unmapped = False
         self._fd_by_stat = fd_count_by_stat(proc_root)
+        # New descendants are found by reading every process's stat; between those scans (at
+        # most discovery_period_s apart) only the known tree and the GPU processes are read, so
+        # a 1 s sampler on a busy host does not pay for the whole host every second.
+        self.discovery_period_s = discovery_period_s
+        self._last_scan = -math.inf
         self.set_roots(root_pids)
 
     # -- public API -------------------------------------------------------------------------
@@ -186,7 +193,16 @@ class ProcessTree:
     def sample(self, gpu_pids: Iterable[int] = ()) -> ProcessReading:
         """Read the tree (and the GPU processes NVML listed, by host PID) once."""
         now = self._clock()
-        stats = self._scan()
+        gpu_pids = list(dict.fromkeys(int(p) for p in gpu_pids))
+        if (
+            self._reset
+            or now - self._last_scan >= self.discovery_period_s
+            or not self.sees_host_pids()
+        ):
+            stats = self._scan()
+            self._last_scan = now
+        else:
+            stats = self._read_known(gpu_pids)
         with self._lock:
             roots = [
                 pid
@@ -238,6 +254,19 @@ class ProcessTree:
                 st = read_stat(self.proc_root, pid)
                 if st is not None:
                     stats[pid] = st
+        return stats
+
+    def _read_known(self, gpu_pids: list[int]) -> dict[int, ProcStat]:
+        """Stats of the tree as last seen, the roots and the GPU processes only."""
+        with self._lock:
+            wanted = [pid for pid, _start in self._roots]
+        wanted += [pid for pid, _start in self._members]
+        wanted += gpu_pids
+        stats: dict[int, ProcStat] = {}
+        for pid in dict.fromkeys(wanted):
+            st = read_stat(self.proc_root, pid)
+            if st is not None:
+                stats[pid] = st
         return stats
 
     def _walk(self, stats: dict[int, ProcStat], roots: list[int]) -> list[int]:
