@@ -111,8 +111,8 @@ class Watchdog:
         self._absent: dict[str, int] = {}
         self._states: dict[str, str] = {}  # breaker state per subject, copied for callbacks
         self.alerts: list[Alert] = []  # the latest alerts, bounded, for status displays
-        # The job's trainer processes (the only ones a stop may signal), kept up to date here.
-        self.trainer_pids: set[int] = set()
+        # The job's trainer processes (the only ones a stop may signal): PID -> start time.
+        self._trainers: dict[int, float | None] = {}
         self.alert_listeners: list[Callable[[Alert], None]] = []
         self.transition_listeners: list[Callable[[Transition], None]] = []
 
@@ -129,21 +129,20 @@ class Watchdog:
         from otel_gpu.actions.dispatcher import ActionDispatcher
         from otel_gpu.actions.stop import JobStopper
 
-        trainers: set[int] = set()
-        stopper = JobStopper(
-            lambda: set(trainers), request_fn=_graceful_stop() if in_process else None
-        )
-        dispatcher = ActionDispatcher.from_config(ActionsConfig.from_env(), stopper=stopper)
         phase, step = _in_process_progress()
         watchdog = cls(
             Engine(DetectConfig.from_env()),
             Breaker(BreakerConfig.from_env()),
-            dispatcher=dispatcher,
             phase=phase,
             step=step,
             host_memory=psutil.virtual_memory().total,
         )
-        watchdog.trainer_pids = trainers
+        stopper = JobStopper(
+            watchdog.verified_trainers, request_fn=_graceful_stop() if in_process else None
+        )
+        watchdog.dispatcher = ActionDispatcher.from_config(
+            ActionsConfig.from_env(), stopper=stopper
+        )
         return watchdog
 
     def on_snapshot(self, snap: Snapshot) -> None:
@@ -170,11 +169,29 @@ class Watchdog:
         """Trainers = the watched processes that hold GPU memory; never a launcher above them
         (signalling `swift` or torchrun's agent orphans the ranks), never a process outside the
         watched tree. Without GPU processes (no GPU visible), none: nothing is signalled."""
-        in_tree = {p.pid for p in snap.processes if p.in_tree}
         on_gpu = {snap.host_to_local.get(gp.pid, gp.pid) for gp in snap.gpu_processes}
-        current = in_tree & on_gpu
-        self.trainer_pids.intersection_update(current)
-        self.trainer_pids.update(current)
+        self._trainers = {
+            p.pid: p.create_time for p in snap.processes if p.in_tree and p.pid in on_gpu
+        }
+
+    @property
+    def trainer_pids(self) -> set[int]:
+        return set(self._trainers)
+
+    def verified_trainers(self) -> set[int]:
+        """The trainers that are still the same processes now (start time re-read), so a PID
+        reused since the last sweep is never signalled. Called only when a stop fires."""
+        import psutil
+
+        alive = set()
+        for pid, started in list(self._trainers.items()):
+            try:
+                now_started = psutil.Process(pid).create_time()
+            except psutil.Error:
+                continue
+            if started is not None and abs(now_started - started) < 1.0:
+                alive.add(pid)
+        return alive
 
     def _on_alert(self, alert: Alert) -> None:
         with self._lock:

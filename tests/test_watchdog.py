@@ -180,3 +180,35 @@ def test_stop_targets_are_watched_processes_on_a_gpu_only() -> None:
     assert wd.trainer_pids == {20}
     wd.on_snapshot(Snapshot(time=2.0, processes=snap.processes))
     assert wd.trainer_pids == set()
+
+
+def test_a_reused_pid_is_never_a_stop_target() -> None:
+    """The stop re-reads each trainer's start time: a PID now held by another process (a
+    different start time than the sweep saw) is not signalled."""
+    import psutil
+
+    from otel_gpu.detect.breaker import Breaker
+    from otel_gpu.detect.engine import Engine
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        started = psutil.Process(child.pid).create_time()
+        wd = Watchdog(Engine(), Breaker())
+
+        def sweep(create_time: float) -> None:
+            wd.on_snapshot(
+                Snapshot(
+                    time=1.0,
+                    gpus=(GpuSample(uuid="G", index=0, processes_listed=True),),
+                    gpu_processes=(GpuProcessSample(pid=child.pid, gpu_uuid="G", used_memory=1),),
+                    processes=(ProcessSample(pid=child.pid, create_time=create_time),),
+                )
+            )
+
+        sweep(started)
+        assert wd.verified_trainers() == {child.pid}
+        sweep(started - 3600.0)  # the sweep saw an older process under this PID
+        assert wd.trainer_pids == {child.pid} and wd.verified_trainers() == set()
+    finally:
+        child.kill()
+        child.wait()
