@@ -13,6 +13,7 @@ with one JSON line {"name", "value", "baseline", "ratio", "unit"}.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -70,15 +71,20 @@ def points_of(reader: InMemoryMetricReader) -> list[tuple[str, float, dict]]:
     return out
 
 
-def cpu_per_cycle(fn, cycles: int, pause_s: float) -> float:
-    fn()  # warm up
-    total = 0.0
+def cpu_per_cycle(fns: list, cycles: int, pause_s: float) -> list[float]:
+    """Mean CPU seconds per call of each function, measured interleaved (one call of each per
+    round, a pause after each) so machine noise and cache state hit every side alike."""
+    for fn in fns:
+        fn()  # warm up
+    gc.collect()
+    totals = [0.0] * len(fns)
     for _ in range(cycles):
-        began = time.process_time()
-        fn()
-        total += time.process_time() - began
-        time.sleep(pause_s)
-    return total / cycles
+        for i, fn in enumerate(fns):
+            began = time.process_time()
+            fn()
+            totals[i] += time.process_time() - began
+            time.sleep(pause_s)
+    return [t / cycles for t in totals]
 
 
 def main() -> int:
@@ -94,6 +100,11 @@ def main() -> int:
         for _ in range(PROCS)
     ]
     try:
+        # A steady job: processes past their first moments (the tree re-reads the command line
+        # of a process younger than its exec grace, as a fresh fork may still exec).
+        from otel_gpu.sampling.procs import EXEC_GRACE_S
+
+        time.sleep(EXEC_GRACE_S + 0.5)
         pids = [c.pid for c in children]
         (work / "scenario").write_text(scenario(pids))
         os.environ["FAKE_NVML_SCENARIO"] = str(work / "scenario")
@@ -104,10 +115,11 @@ def main() -> int:
         from otel_gpu.sampling.procs import ProcessTree
         from otel_gpu.sampling.sampler import Sampler
 
-        source = NvmlSource(library_path=str(lib), call_timeout_s=2.0)
-        # As the agent runs it, at a 1 s interval: the tree's clock advances 1 s per cycle, so one
-        # cycle in DISCOVERY_PERIOD_S pays for a full /proc scan, as it would in production.
+        # As the agent runs it, at a 1 s interval: the clocks of the GPU source and the process
+        # tree advance 1 s per cycle, so one cycle in DISCOVERY_PERIOD_S pays for a full /proc
+        # scan and one in SLOW_PERIOD_S re-reads the slow NVML metrics, as in production.
         simulated = [0.0]
+        source = NvmlSource(library_path=str(lib), call_timeout_s=2.0, clock=lambda: simulated[0])
         tree = ProcessTree(pids, discovery_period_s=DISCOVERY_PERIOD_S, clock=lambda: simulated[0])
         sampler = Sampler(source, tree, interval_s=1.0)
         reader = InMemoryMetricReader()
@@ -115,16 +127,20 @@ def main() -> int:
             MeterProvider(metric_readers=[reader]).get_meter("bench"), lambda: sampler.latest
         )
 
+        sweep_cpu = [0.0]
+
         def ours() -> None:
             simulated[0] += 1.0
+            began = time.process_time()
             sampler.sample_once()
+            sweep_cpu[0] += time.process_time() - began
             reader.get_metrics_data()
 
-        sampler.sample_once()
-        sampler.sample_once()
+        # Two sweeps a simulated second apart, so rates (CPU utilization) exist, as every cycle
+        # measured below has them: the floor must carry exactly the points ours exports.
+        ours()
+        ours()
         sample_points = points_of(reader)
-        ours_s = cpu_per_cycle(ours, args.cycles, args.pause)
-
         # Floor: the same points (names, attributes) from callbacks returning constants.
         by_name: dict[str, list[tuple[float, dict]]] = {}
         for name, value, attrs in sample_points:
@@ -141,14 +157,14 @@ def main() -> int:
         for name, obs in by_name.items():
             frozen = [Observation(v, a) for v, a in obs]
             make[kinds[name]](name + ".floor", callbacks=[lambda _o, f=frozen: f])
-        floor_s = cpu_per_cycle(floor_reader.get_metrics_data, args.cycles, args.pause)
-
-        # Sampling alone, for the breakdown.
-        def sweep() -> None:
-            simulated[0] += 1.0
-            sampler.sample_once()
-
-        sweep_s = cpu_per_cycle(sweep, args.cycles, args.pause)
+        sweep_cpu[0] = 0.0
+        ours_s, floor_s = cpu_per_cycle(
+            [ours, floor_reader.get_metrics_data], args.cycles, args.pause
+        )
+        sweep_s = sweep_cpu[0] / (args.cycles + 1)  # the warm-up call included
+        exported = len(points_of(reader))
+        if exported != len(sample_points):
+            raise SystemExit(f"point count changed: {len(sample_points)} -> {exported}")
         sampler.stop(2.0)
     finally:
         for c in children:

@@ -154,28 +154,51 @@ def _process_attrs(
     return attrs
 
 
+class _ProcessView:
+    """A snapshot's processes paired with their attribute dicts, built once per snapshot and
+    shared by the seven process instruments (one cache lookup per process, not seven)."""
+
+    __slots__ = ("snap", "procs", "gpu_procs")
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+        self.procs = [(p, process_attrs(p)) for p in snap.processes]
+        by_pid = {p.pid: p for p in snap.processes}
+        gpu_procs = []
+        for gp in snap.gpu_processes:
+            # NVML reports host PIDs; unmapped ones are still reported under the host PID.
+            proc = by_pid.get(snap.host_to_local.get(gp.pid, gp.pid)) or ProcessSample(pid=gp.pid)
+            gpu_procs.append((gp, process_attrs(proc, gp.gpu_uuid)))
+        self.gpu_procs = gpu_procs
+
+
+_view: _ProcessView | None = None
+
+
+def _process_view(snap: Snapshot) -> _ProcessView:
+    global _view
+    view = _view
+    if view is None or view.snap is not snap:
+        view = _view = _ProcessView(snap)  # a racing collection builds an equal one
+    return view
+
+
 def _per_process(field: str) -> Reader:
     def read(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
-        for p in snap.processes:
+        for p, attrs in _process_view(snap).procs:
             value = getattr(p, field)
             if value is not None:
-                yield value, process_attrs(p)
+                yield value, attrs
 
     return read
 
 
 def _process_gpu(field: str) -> Reader:
     def read(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
-        by_pid = {p.pid: p for p in snap.processes}
-        for gp in snap.gpu_processes:
+        for gp, attrs in _process_view(snap).gpu_procs:
             value = getattr(gp, field)
-            if value is None:
-                continue
-            # NVML reports host PIDs; unmapped ones are still reported under the host PID.
-            proc = by_pid.get(snap.host_to_local.get(gp.pid, gp.pid))
-            if proc is None:
-                proc = ProcessSample(pid=gp.pid)
-            yield value, process_attrs(proc, gp.gpu_uuid)
+            if value is not None:
+                yield value, attrs
 
     return read
 
@@ -258,7 +281,6 @@ INSTRUMENTS: tuple[Instrument, ...] = (
             (
                 ("clock_sm_hz", {"otel_gpu.clock.domain": "sm"}),
                 ("clock_mem_hz", {"otel_gpu.clock.domain": "memory"}),
-                ("clock_graphics_hz", {"otel_gpu.clock.domain": "graphics"}),
             )
         ),
     ),

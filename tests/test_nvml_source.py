@@ -23,7 +23,7 @@ UUID = "GPU-fa4e0000-0000-4000-8000-{:012x}"
 
 
 class ManualClock:
-    """Drives NvmlSource's retry schedules (init backoff, lost-GPU probes)."""
+    """Drives NvmlSource's retry schedules and slow metrics."""
 
     def __init__(self) -> None:
         self.now = 1000.0
@@ -135,7 +135,7 @@ def test_every_field_with_units_converted(fake_nvml: FakeNvml):
     assert g.temperature_c == 66.0
     assert (g.power_w, g.power_limit_w) == (312.5, 400.0)
     assert 5000 + 300 * (elapsed - 1) <= g.energy_j <= 5000 + 300 * (elapsed + 1)  # mJ -> J
-    assert (g.clock_graphics_hz, g.clock_sm_hz, g.clock_mem_hz) == (1410e6, 1395e6, 1593e6)
+    assert (g.clock_sm_hz, g.clock_mem_hz) == (1395e6, 1593e6)
     assert (g.pcie_tx_bytes_per_s, g.pcie_rx_bytes_per_s) == (2048 * 1024, 1000 * 1024)
     assert (g.ecc_corrected, g.ecc_uncorrected) == (3, 1)
     assert g.mig_mode is True
@@ -207,6 +207,34 @@ def test_not_supported_metric_is_never_asked_again(fake_nvml: FakeNvml, caplog):
     assert fake_nvml.call_count("nvmlDeviceGetPowerUsage", gpu=0) == 1
     assert fake_nvml.call_count("nvmlDeviceGetPowerUsage", gpu=1) == 5
     assert sum("power not available" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_slow_metrics_are_read_once_per_period_and_reported_in_between(fake_nvml: FakeNvml):
+    fake_nvml.append(
+        """
+        gpu.*.pcie.tx = 4
+        gpu.*.ecc.uncorrected = steps 0:0 0.5:2
+        fail.nvmlDeviceGetEnforcedPowerLimit.1 = TIMEOUT until=1
+        """
+    )
+    clock = ManualClock()
+    src = fake_nvml.source(clock=clock, slow_period_s=10.0)
+    first = by_index(src.sample([]))
+    assert first[0].pcie_tx_bytes_per_s == 4096 and first[0].power_limit_w == 700.0
+    assert first[1].power_limit_w is None  # failed this read: unknown until the next one
+    time.sleep(0.6)  # the fake's ECC count steps to 2
+    for _ in range(3):
+        clock.now += 3.0
+        gpus = by_index(src.sample([]))
+        # last read values, not re-read: the ECC step is not seen yet
+        assert (gpus[0].pcie_tx_bytes_per_s, gpus[0].ecc_uncorrected) == (4096, 0)
+        assert gpus[1].power_limit_w is None and gpus[0].power_w == 70.0
+    assert fake_nvml.call_count("nvmlDeviceGetPcieThroughput", gpu=0) == 2  # tx + rx, once
+    assert fake_nvml.call_count("nvmlDeviceGetPowerUsage", gpu=0) == 4  # fast: every sweep
+    clock.now += 1.0  # 10 s after the first read
+    gpus = by_index(src.sample([]))
+    assert gpus[0].ecc_uncorrected == 2 and gpus[1].power_limit_w == 700.0
+    assert fake_nvml.call_count("nvmlDeviceGetPcieThroughput", gpu=0) == 4
 
 
 def test_intermittent_timeout_is_unknown_for_that_sweep_and_logged_once(fake_nvml, caplog):

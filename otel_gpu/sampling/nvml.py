@@ -59,13 +59,15 @@ class NvmlSource:
         retry_max_s: float = 60.0,
         lost_retry_s: float = 30.0,
         process_util_hold_s: float = 2.0,
+        slow_period_s: float = api.SLOW_PERIOD_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``call_timeout_s``: deadline of one NVML call; ``sweep_timeout_s`` (default twice
-        that): the most :meth:`sample` ever waits. ``library_path``: load this libnvidia-ml by
+        that): the most :meth:`sample` ever waits. ``slow_period_s``: how often the rarely
+        changing metrics (``nvml_api.SLOW``) are read again. ``library_path``: load this libnvidia-ml by
         absolute path instead of the loader's search. ``visible_devices``: a
         ``CUDA_VISIBLE_DEVICES`` value selecting the job's GPUs (None: all). ``clock`` drives
-        only the retry schedules (init backoff, lost-GPU probes), for tests."""
+        the retry schedules (init backoff, lost-GPU probes) and the slow metrics, for tests."""
         self._guard = CallGuard(call_timeout_s, sweep_timeout_s or 2 * call_timeout_s)
         self._library_path = library_path
         self._visible = visible_devices
@@ -74,6 +76,7 @@ class NvmlSource:
         self._retry_delay = retry_initial_s
         self._lost_retry = lost_retry_s
         self._util_hold_s = process_util_hold_s
+        self._slow_period_s = slow_period_s
         self._clock = clock
         self._lock = threading.Lock()  # sample/host_info/close may come from different threads
         self._ready = False
@@ -353,7 +356,7 @@ class NvmlSource:
                 values: dict[str, Any] = {}
                 sweep.fields[dev.index] = values
                 try:
-                    self._read_device(dev, values, sweep.processes)
+                    self._read_device(dev, values, sweep.processes, now)
                 except api.DeviceFailed:
                     values.clear()
                     continue
@@ -364,8 +367,16 @@ class NvmlSource:
         except api.LibraryGone as gone:
             sweep.library_error = gone.code
 
-    def _read_device(self, dev: Device, out: dict[str, Any], procs: list[GpuProcessSample]) -> None:
+    def _read_device(
+        self, dev: Device, out: dict[str, Any], procs: list[GpuProcessSample], now: float
+    ) -> None:
         call, h, off = self._call, dev.handle, dev.disabled
+        slow_due = now >= dev.slow_at
+        if slow_due:
+            dev.slow_values = {}
+            dev.slow_at = now + self._slow_period_s
+        else:
+            out.update(dev.slow_values)
         metric, m = self._first(dev, api.MEMORY)
         if metric == "memory_v2":
             # v2 "used" excludes the driver-reserved part; report NVML's classic "used"
@@ -383,9 +394,14 @@ class NvmlSource:
             out["temperature_c"] = float(t)
         for metric, name, fn, args, conv in api.SCALARS:
             if metric not in off and fn is not None:
+                slow = metric in api.SLOW
+                if slow and not slow_due:
+                    continue
                 v = call(dev, metric, fn, h, *args)
                 if v is not api.FAILED:
                     out[name] = conv(v)
+                    if slow:
+                        dev.slow_values[name] = out[name]
         if dev.xid_count is not None:
             out["xid_errors"] = dev.xid_count
         out["processes_listed"] = False

@@ -90,7 +90,6 @@ SCALARS: tuple[tuple[str, str, Callable[..., Any] | None, tuple[int, ...], Calla
         (),
         lambda v: v[0] / 100,
     ),
-    ("clock_graphics", "clock_graphics_hz", function("nvmlDeviceGetClockInfo"), (0,), _mhz),
     ("clock_sm", "clock_sm_hz", function("nvmlDeviceGetClockInfo"), (1,), _mhz),
     ("clock_mem", "clock_mem_hz", function("nvmlDeviceGetClockInfo"), (2,), _mhz),
     ("pcie_tx", "pcie_tx_bytes_per_s", function("nvmlDeviceGetPcieThroughput"), (0,), _kib),
@@ -109,6 +108,13 @@ SCALARS: tuple[tuple[str, str, Callable[..., Any] | None, tuple[int, ...], Calla
     ),
     ("mig", "mig_mode", function("nvmlDeviceGetMigMode"), (), lambda v: bool(v[0])),
 )
+# Metrics that change rarely or are costly to read, re-read every SLOW_PERIOD_S and reported
+# from the last read in between (as DCGM updates fields at per-field rates): the power limit
+# changes only when an administrator sets it, ECC counts and the MIG mode almost never, and
+# nvmlDeviceGetPcieThroughput blocks ~20 ms per call on real GPUs (it measures over a 20 ms
+# window). Xid events, which report uncorrectable memory errors at once, are polled every sweep.
+SLOW = frozenset({"power_limit", "ecc_corrected", "ecc_uncorrected", "pcie_tx", "pcie_rx", "mig"})
+SLOW_PERIOD_S = 10.0
 # Alternatives, newest first: (metric, pynvml function, extra args); the first supported wins.
 Alternatives = tuple[tuple[str, Callable[..., Any] | None, tuple[Any, ...]], ...]
 MEMORY: Alternatives = (
@@ -198,6 +204,8 @@ class Device:
     util_seen_us: int = 0  # newest process-utilization sample timestamp seen (NVML µs)
     util_last: dict[int, tuple[float | None, float | None]] = field(default_factory=dict)
     util_at: float = 0.0  # time.monotonic() when util_last was read
+    slow_at: float = float("-inf")  # when the SLOW metrics are due again (NvmlSource clock)
+    slow_values: dict[str, Any] = field(default_factory=dict)  # their last values
 
 
 @dataclass

@@ -58,6 +58,17 @@ class ProcStat:
     def rss_pages(self) -> int:
         return int(self._rest[20].split(None, 2)[1])
 
+    @property
+    def comm_raw(self) -> bytes:
+        """comm as the kernel wrote it (comparing bytes needs no decoding)."""
+        return self._comm
+
+    def usage(self) -> tuple[int, int, int, int]:
+        """(utime + stime ticks, threads, virtual By, resident pages), parsed in one go."""
+        rest = self._rest
+        tail = rest[20].split(None, 2)
+        return int(rest[11]) + int(rest[12]), int(rest[17]), int(tail[0]), int(tail[1])
+
 
 def parse_stat(data: bytes) -> ProcStat | None:
     """Parse a ``/proc/PID/stat`` line; ``None`` when it is malformed or truncated."""

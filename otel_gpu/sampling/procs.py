@@ -46,7 +46,7 @@ __all__ = ["UNMAPPED_FIX", "ProcessReading", "ProcessTree", "redact_command"]
 
 log = logging.getLogger("otel_gpu.procs")
 
-_EXEC_GRACE_S = 2.0  # a process younger than this may still exec() into another program
+EXEC_GRACE_S = 2.0  # a process younger than this may still exec() into another program
 
 UNMAPPED_FIX = (
     "run the agent in the host PID namespace (`hostPID: true` in Kubernetes, `--pid=host` in "
@@ -68,7 +68,8 @@ class ProcessReading:
 class _Static:
     """Per-process facts that never change, cached under (pid, starttime)."""
 
-    comm: str  # from stat; exec changes it
+    comm: bytes  # from stat, undecoded; exec changes it
+    create_time: float | None  # s since epoch
     executable_name: str | None
     command: str | None
     owner: str | None
@@ -193,12 +194,13 @@ class ProcessTree:
     def sample(self, gpu_pids: Iterable[int] = ()) -> ProcessReading:
         """Read the tree (and the GPU processes NVML listed, by host PID) once."""
         now = self._clock()
-        gpu_pids = list(dict.fromkeys(int(p) for p in gpu_pids))
-        if (
+        gpu_pids = list(dict.fromkeys(gpu_pids))
+        scanned = (
             self._reset
             or now - self._last_scan >= self.discovery_period_s
             or not self.sees_host_pids()
-        ):
+        )
+        if scanned:
             stats = self._scan()
             self._last_scan = now
         else:
@@ -217,13 +219,10 @@ class ProcessTree:
 
         # Priority under the cap: roots, GPU processes, those tracked last time (so series
         # don't flap), then the rest of the tree nearest the roots first.
-        candidates = list(
-            dict.fromkeys(
-                [*roots, *host_to_local.values()]
-                + [p for p in members if (p, stats[p].starttime) in self._tracked]
-                + members
-            )
-        )
+        first = [*roots, *host_to_local.values()]
+        if len(members) + len(first) > self.max_processes:
+            first += [p for p in members if (p, stats[p].starttime) in self._tracked]
+        candidates = list(dict.fromkeys(first + members))
         chosen = candidates[: self.max_processes]
         dropped = len(candidates) - len(chosen)
         member_set = set(members)
@@ -233,11 +232,11 @@ class ProcessTree:
             if sample is not None:
                 samples.append(sample)
 
-        live = {(pid, st.starttime) for pid, st in stats.items()}
         self._members = {(p, stats[p].starttime) for p in members}
         self._tracked = {(s.pid, stats[s.pid].starttime) for s in samples}
         self._job_pids = members
-        self._prune(live)
+        if scanned or len(self._static) > len(samples) or len(self._cpu_prev) > len(samples):
+            self._prune({(pid, st.starttime) for pid, st in stats.items()})
         return ProcessReading(tuple(samples), dropped, tuple(unmapped), host_to_local)
 
     # -- the tree ---------------------------------------------------------------------------
@@ -364,53 +363,43 @@ class ProcessTree:
         self, pid: int, st: ProcStat, now: float, in_tree: bool
     ) -> ProcessSample | None:
         key = (pid, st.starttime)
-        create_time = self._create_time(st.starttime)
         static = self._static.get(key)
         # exec() keeps pid and start time: a changed comm, or a process caught in its first
         # moments (between fork and exec), means the cached command may be stale.
-        if static is None or static.comm != st.comm or static.young:
+        if static is None or static.young or static.comm != st.comm_raw:
             static = self._read_static(pid, st)
             if static is None:
                 return None  # exited while we read it
-            static.young = create_time is not None and time.time() - create_time < _EXEC_GRACE_S
+            created = static.create_time
+            static.young = created is not None and time.time() - created < EXEC_GRACE_S
             if static.command is not None or st.state == "Z":  # empty: mid-exec, ask again
                 self._static[key] = static
+        if st.state == "Z":  # a zombie has released its memory and files: unknown, not 0
+            return ProcessSample(
+                pid, static.vpid, st.ppid, static.executable_name, static.command, static.owner,
+                static.create_time, None, None, None, None, None, in_tree,
+            )  # fmt: skip
+        try:
+            fd_dir = f"{self.proc_root}/{pid}/fd"
+            fd_count: int | None = (
+                os.stat(fd_dir).st_size if self._fd_by_stat else len(os.listdir(fd_dir))
+            )
+        except PermissionError:
+            fd_count = None
+        except OSError:
+            return None  # exited since the scan
+        ticks, threads, vsize, rss_pages = st.usage()
         cpu: float | None = None
-        rss: int | None = None
-        vsize: int | None = None
-        threads: int | None = None
-        fd_count: int | None = None
-        # A zombie has released its memory and files: those values are unknown, not 0.
-        if st.state != "Z":
-            try:
-                fd_dir = f"{self.proc_root}/{pid}/fd"
-                fd_count = os.stat(fd_dir).st_size if self._fd_by_stat else len(os.listdir(fd_dir))
-            except PermissionError:
-                fd_count = None
-            except OSError:
-                return None  # exited since the scan
-            prev = self._cpu_prev.get(key)
-            if prev is not None and now > prev[1]:
-                used_s = (st.cpu_ticks - prev[0]) / CLK_TCK
+        prev = self._cpu_prev.get(key)
+        if prev is None or now > prev[1]:
+            if prev is not None:
+                used_s = (ticks - prev[0]) / CLK_TCK
                 cpu = min(1.0, max(0.0, used_s / (now - prev[1]) / self._cpus))
-            if prev is None or now > prev[1]:
-                self._cpu_prev[key] = (st.cpu_ticks, now)
-            rss, vsize, threads = st.rss_pages * PAGE_SIZE, st.vsize, st.threads
+            self._cpu_prev[key] = (ticks, now)
         return ProcessSample(
-            pid=pid,
-            vpid=static.vpid,
-            parent_pid=st.ppid,
-            executable_name=static.executable_name,
-            command=static.command,
-            owner=static.owner,
-            create_time=create_time,
-            cpu_utilization=cpu,
-            memory_rss=rss,
-            memory_virtual=vsize,
-            thread_count=threads,
-            fd_count=fd_count,
-            in_tree=in_tree,
-        )
+            pid, static.vpid, st.ppid, static.executable_name, static.command, static.owner,
+            static.create_time, cpu, rss_pages * PAGE_SIZE, vsize, threads, fd_count, in_tree,
+        )  # fmt: skip
 
     def _read_static(self, pid: int, st: ProcStat) -> _Static | None:
         base = f"{self.proc_root}/{pid}"
@@ -425,7 +414,14 @@ class ProcessTree:
         uid, ns = read_status(self.proc_root, pid)
         self._nspid[(pid, st.starttime)] = ns
         vpid = ns[-1] if len(ns) > 1 and ns[-1] != pid else None
-        return _Static(st.comm, exe or st.comm or None, command, self._user(uid), vpid)
+        return _Static(
+            st.comm_raw,
+            self._create_time(st.starttime),
+            exe or st.comm or None,
+            command,
+            self._user(uid),
+            vpid,
+        )
 
     def _user(self, uid: int | None) -> str | None:
         if uid is None:

@@ -39,7 +39,6 @@ class GpuSample:
     xid_errors: int | None = None  # Xid events seen since the agent started
     clock_sm_hz: float | None = None
     clock_mem_hz: float | None = None
-    clock_graphics_hz: float | None = None
     pcie_tx_bytes_per_s: float | None = None
     pcie_rx_bytes_per_s: float | None = None
     throttle_reasons: int | None = None  # NVML clocks-event-reasons bitmask
@@ -60,9 +59,12 @@ class GpuProcessSample:
     mem_util: float | None = None  # 0..1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ProcessSample:
-    """One OS process of the watched tree (or a GPU process NVML lists), from /proc."""
+    """One OS process of the watched tree (or a GPU process NVML lists), from /proc.
+
+    Not frozen only because a frozen dataclass costs 4x as much to build, and the sampler
+    builds one per process per sweep: treat it as immutable like the other records."""
 
     pid: int  # PID in the agent's /proc (the host PID when the agent sees the host's PIDs)
     vpid: int | None = None  # PID inside the process's own namespace (last NSpid) when it differs
