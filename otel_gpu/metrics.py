@@ -28,7 +28,7 @@ COUNTER = "counter"
 UPDOWN = "updowncounter"
 
 Attrs = dict[str, Any]
-Reader = Callable[[Snapshot], Iterable[tuple[float, Attrs]]]
+Reader = Callable[[Snapshot], Iterable[Observation]]
 
 # NVML clocks-event (throttle) reason bits -> names (nvml.h nvmlClocksEventReason*).
 THROTTLE_REASONS = {
@@ -73,11 +73,11 @@ def _gpu_attrs(uuid: str, index: int, name: str | None, extra: Extra) -> Attrs:
 
 
 def _per_gpu(field: str, scale: float = 1.0) -> Reader:
-    def read(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
+    def read(snap: Snapshot) -> Iterator[Observation]:
         for g in snap.gpus:
             value = getattr(g, field)
             if value is not None:
-                yield value * scale, gpu_attrs(g)
+                yield Observation(value * scale, gpu_attrs(g))
 
     return read
 
@@ -85,26 +85,27 @@ def _per_gpu(field: str, scale: float = 1.0) -> Reader:
 def _gpu_multi(pairs: Iterable[tuple[str, Attrs]]) -> Reader:
     fields = tuple((field, tuple(extra.items())) for field, extra in pairs)
 
-    def read(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
+    def read(snap: Snapshot) -> Iterator[Observation]:
         for g in snap.gpus:
             for field, extra in fields:
                 value = getattr(g, field)
                 if value is not None:
-                    yield value, gpu_attrs(g, extra)
+                    yield Observation(value, gpu_attrs(g, extra))
 
     return read
 
 
-def _memory_utilization(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
+def _memory_utilization(snap: Snapshot) -> Iterator[Observation]:
     for g in snap.gpus:
         if g.memory_used is not None and g.memory_total:
-            yield g.memory_used / g.memory_total, gpu_attrs(g)
+            yield Observation(g.memory_used / g.memory_total, gpu_attrs(g))
 
 
-def _status(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
+def _status(snap: Snapshot) -> Iterator[Observation]:
     for g in snap.gpus:
         for state in (STATUS_OK, STATUS_DEGRADED, STATUS_FAILED):
-            yield (1.0 if g.status == state else 0.0), gpu_attrs(g, (("hw.state", state),))
+            value = 1.0 if g.status == state else 0.0
+            yield Observation(value, gpu_attrs(g, (("hw.state", state),)))
 
 
 def _throttle_reader() -> Reader:
@@ -112,7 +113,7 @@ def _throttle_reader() -> Reader:
     out: nine always-zero series per GPU would cost collection time and say nothing."""
     ever: dict[str, int] = {}  # GPU UUID -> every reason bit seen so far
 
-    def read(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
+    def read(snap: Snapshot) -> Iterator[Observation]:
         for g in snap.gpus:
             if g.throttle_reasons is None:
                 continue
@@ -120,7 +121,7 @@ def _throttle_reader() -> Reader:
             for bit, reason in THROTTLE_REASONS.items():
                 if seen & bit:
                     active = 1.0 if g.throttle_reasons & bit else 0.0
-                    yield active, gpu_attrs(g, (("otel_gpu.throttle.reason", reason),))
+                    yield Observation(active, gpu_attrs(g, (("otel_gpu.throttle.reason", reason),)))
 
     return read
 
@@ -184,27 +185,27 @@ def _process_view(snap: Snapshot) -> _ProcessView:
 
 
 def _per_process(field: str) -> Reader:
-    def read(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
+    def read(snap: Snapshot) -> Iterator[Observation]:
         for p, attrs in _process_view(snap).procs:
             value = getattr(p, field)
             if value is not None:
-                yield value, attrs
+                yield Observation(value, attrs)
 
     return read
 
 
 def _process_gpu(field: str) -> Reader:
-    def read(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
+    def read(snap: Snapshot) -> Iterator[Observation]:
         for gp, attrs in _process_view(snap).gpu_procs:
             value = getattr(gp, field)
             if value is not None:
-                yield value, attrs
+                yield Observation(value, attrs)
 
     return read
 
 
-def _agent(snap: Snapshot) -> Iterator[tuple[float, Attrs]]:
-    yield float(snap.processes_dropped), {}
+def _agent(snap: Snapshot) -> Iterator[Observation]:
+    yield Observation(float(snap.processes_dropped), {})
 
 
 INSTRUMENTS: tuple[Instrument, ...] = (
@@ -369,7 +370,7 @@ def _create(
         if snap is None:
             return []
         try:
-            return [Observation(v, a) for v, a in spec.read(snap)]
+            return list(spec.read(snap))
         except Exception:  # a reader bug loses this instrument's points, never the cycle
             return []
 

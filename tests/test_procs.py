@@ -462,3 +462,20 @@ def test_between_discovery_scans_only_the_known_tree_is_read(proc: FakeProc) -> 
     assert list(by_pid(tree.sample())) == [100]  # 102 not yet discovered, 101 gone at once
     clock.t += 4
     assert list(by_pid(tree.sample())) == [100, 102]  # found within the period
+
+
+def test_open_files_are_counted_at_scans_and_for_new_processes(proc: FakeProc) -> None:
+    """The fd count (slow-changing, one syscall per process) is refreshed with each discovery
+    scan; between scans the last count is reported, and a process new to the sample is counted
+    at once."""
+    clock = Clock()
+    proc.add(100, fds=("/dev/null",))
+    tree = ProcessTree(
+        [100], proc_root=str(proc.root), clock=clock, discovery_period_s=5.0, cpu_count=1
+    )
+    assert by_pid(tree.sample())[100].fd_count == 1
+    proc.add(100, fds=("/dev/null", "pipe:[1]", "pipe:[2]"))  # opened two more
+    clock.t += 1
+    assert by_pid(tree.sample())[100].fd_count == 1  # between scans: the last count
+    clock.t += 4
+    assert by_pid(tree.sample())[100].fd_count == 3  # the scan counts again

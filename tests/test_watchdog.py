@@ -92,7 +92,10 @@ def test_leak_opens_the_breaker_exports_detector_metrics_and_stops_only_the_job(
         assert t.alert.rate_bytes_per_s == pytest.approx(12 * GIB / 3600, rel=0.35)
         assert agent.watchdog.trainer_pids == {job.pid}
         deadline = time.monotonic() + 10
-        while not marker.exists() and time.monotonic() < deadline:
+        # the handler creates the file, then writes it: wait for the content
+        while time.monotonic() < deadline and not (
+            marker.exists() and marker.read_text() == "usr1"
+        ):
             time.sleep(0.05)
         assert marker.read_text() == "usr1"  # the job was asked to checkpoint and stop
         assert not bystander_marker.exists()  # nothing outside the job is ever signalled

@@ -132,6 +132,7 @@ class ProcessTree:
         self._nspid: dict[tuple[int, int], tuple[int, ...]] = {}
         self._nvidia: dict[tuple[int, int], bool] = {}
         self._cpu_prev: dict[tuple[int, int], tuple[int, float]] = {}
+        self._fds: dict[tuple[int, int], int | None] = {}  # open files, refreshed on scans
         self._users: dict[int, str] = {}
         self._boot_time: float | None = None
         self._warned_unmapped = False
@@ -228,7 +229,7 @@ class ProcessTree:
         member_set = set(members)
         samples = []
         for pid in chosen:
-            sample = self._sample_one(pid, stats[pid], now, pid in member_set)
+            sample = self._sample_one(pid, stats[pid], now, pid in member_set, scanned)
             if sample is not None:
                 samples.append(sample)
 
@@ -360,7 +361,7 @@ class ProcessTree:
     # -- one process ------------------------------------------------------------------------
 
     def _sample_one(
-        self, pid: int, st: ProcStat, now: float, in_tree: bool
+        self, pid: int, st: ProcStat, now: float, in_tree: bool, refresh_fds: bool
     ) -> ProcessSample | None:
         key = (pid, st.starttime)
         static = self._static.get(key)
@@ -379,15 +380,19 @@ class ProcessTree:
                 pid, static.vpid, st.ppid, static.executable_name, static.command, static.owner,
                 static.create_time, None, None, None, None, None, in_tree,
             )  # fmt: skip
-        try:
-            fd_dir = f"{self.proc_root}/{pid}/fd"
-            fd_count: int | None = (
-                os.stat(fd_dir).st_size if self._fd_by_stat else len(os.listdir(fd_dir))
-            )
-        except PermissionError:
-            fd_count = None
-        except OSError:
-            return None  # exited since the scan
+        # Open files change slowly: counted when the tree is scanned (at most
+        # discovery_period_s apart) and for processes new to the sample.
+        if refresh_fds or key not in self._fds:
+            try:
+                fd_dir = f"{self.proc_root}/{pid}/fd"
+                self._fds[key] = (
+                    os.stat(fd_dir).st_size if self._fd_by_stat else len(os.listdir(fd_dir))
+                )
+            except PermissionError:
+                self._fds[key] = None
+            except OSError:
+                return None  # exited since the scan
+        fd_count = self._fds[key]
         ticks, threads, vsize, rss_pages = st.usage()
         cpu: float | None = None
         prev = self._cpu_prev.get(key)
@@ -443,7 +448,7 @@ class ProcessTree:
         return self._boot_time + starttime / CLK_TCK
 
     def _prune(self, live: set[tuple[int, int]]) -> None:
-        for cache in (self._static, self._cpu_prev, self._nvidia):
+        for cache in (self._static, self._cpu_prev, self._nvidia, self._fds):
             for key in [k for k in cache if k not in live]:
                 del cache[key]
         if len(self._nspid) > 2 * len(live) + 64:
