@@ -1,4 +1,5 @@
-"""Immutable records that one sampler sweep produces.
+"""The records that one sampler sweep produces (immutable by convention: never mutated once
+published).
 
 Every field that NVML or /proc could not provide is ``None`` ("unknown"); readers skip it and
 never report it as 0. Units are converted here, at the edge: bytes, watts, joules, degrees
@@ -15,7 +16,11 @@ STATUS_DEGRADED = "degraded"
 STATUS_FAILED = "failed"
 
 
-@dataclass(frozen=True, slots=True)
+# The per-sweep records are plain slotted dataclasses: a frozen one costs about 4x as much to
+# build, and a sweep builds one per GPU and per process. Readers treat them as immutable.
+
+
+@dataclass(slots=True)
 class GpuSample:
     """One GPU at one sweep. ``uuid`` is the stable series key (``hw.id``)."""
 
@@ -48,7 +53,7 @@ class GpuSample:
     processes_listed: bool | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GpuProcessSample:
     """One process as NVML lists it on one GPU (host PID namespace)."""
 
@@ -61,10 +66,7 @@ class GpuProcessSample:
 
 @dataclass(slots=True)
 class ProcessSample:
-    """One OS process of the watched tree (or a GPU process NVML lists), from /proc.
-
-    Not frozen only because a frozen dataclass costs 4x as much to build, and the sampler
-    builds one per process per sweep: treat it as immutable like the other records."""
+    """One OS process of the watched tree (or a GPU process NVML lists), from /proc."""
 
     pid: int  # PID in the agent's /proc (the host PID when the agent sees the host's PIDs)
     vpid: int | None = None  # PID inside the process's own namespace (last NSpid) when it differs
