@@ -479,3 +479,58 @@ def test_open_files_are_counted_at_scans_and_for_new_processes(proc: FakeProc) -
     assert by_pid(tree.sample())[100].fd_count == 1  # between scans: the last count
     clock.t += 4
     assert by_pid(tree.sample())[100].fd_count == 3  # the scan counts again
+
+
+def _sample_as_nobody(pid: int) -> dict:
+    """Sample ``pid`` from a forked child that dropped root for the unprivileged ``nobody``
+    user (the suite runs as root, which no permission check ever denies)."""
+    import json
+
+    ProcessTree([pid]).sample()  # import lazily loaded codecs while stdlib is still readable
+    nobody = pwd.getpwnam("nobody")
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the forked child
+        try:
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            denied = {}
+            for what, probe in (("exe", os.readlink), ("fd", os.listdir)):
+                try:
+                    probe(f"/proc/{pid}/{what}")
+                    denied[what] = False
+                except PermissionError:
+                    denied[what] = True
+            sample = by_pid(ProcessTree([pid]).sample())[pid]
+            out = {"denied": denied, **{k: getattr(sample, k) for k in sample.__slots__}}
+        except BaseException as exc:
+            out = {"error": repr(exc)}
+        os.write(write_end, json.dumps(out).encode())
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(child, 0)
+    with os.fdopen(read_end, "rb") as f:
+        return json.loads(f.read())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to the nobody user")
+def test_process_of_another_user_is_sampled_with_what_is_readable() -> None:
+    """AccessDenied: an unprivileged agent watching another user's process may not read its
+    exe link or list its open files. It reports the rest, falls back to comm for the name and
+    reports the fd count only where the kernel gives it without that permission."""
+    from otel_gpu.sampling.procs import fd_count_by_stat
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        got = _sample_as_nobody(child.pid)
+        assert "error" not in got, got
+        assert got["denied"] == {"exe": True, "fd": True}  # the denial really happened
+        assert got["executable_name"] == "sleep"  # from comm: the exe link was denied
+        assert got["command"] == "sleep 30" and got["owner"] == "root"
+        assert got["memory_rss"] and got["memory_virtual"] and got["thread_count"] == 1
+        true_count = len(os.listdir(f"/proc/{child.pid}/fd"))
+        # stat(/proc/PID/fd).st_size needs no ptrace access; listing the directory does
+        assert got["fd_count"] == (true_count if fd_count_by_stat("/proc") else None)
+    finally:
+        child.kill()
+        child.wait()
