@@ -404,6 +404,41 @@ def test_process_list_two_call_protocol_with_unavailable_memory(fake_nvml: FakeN
     assert fake_nvml.call_count("nvmlDeviceGetComputeRunningProcesses_v3", gpu=1) == 1
 
 
+def test_graphics_and_mps_client_processes_join_the_compute_list(fake_nvml: FakeNvml):
+    """Under MPS the compute list shows the MPS server and the clients are in the MPS list; a
+    process in two lists ("C+G") is one process holding its memory once. Lists that were empty
+    are asked again only with the slow metrics."""
+    fake_nvml.write(
+        """
+        devices = 2
+        gpu.0.processes = 100:500 200:1000
+        gpu.0.graphics_processes = 200:1000 300:64
+        gpu.0.mps_processes = 400:2048
+        """
+    )
+    clock = ManualClock()
+    src = fake_nvml.source(clock=clock, slow_period_s=10.0)
+    procs = src.sample([]).gpu_processes
+    assert sorted((p.pid, p.used_memory) for p in procs if p.gpu_uuid == UUID.format(0)) == [
+        (100, 500),
+        (200, 1000),
+        (300, 64),
+        (400, 2048),
+    ]
+    assert [p for p in procs if p.gpu_uuid == UUID.format(1)] == []
+    for _ in range(3):  # GPU 0's lists are in use: read every sweep; GPU 1's are not
+        clock.now += 1.0
+        assert {p.pid for p in src.sample([]).gpu_processes} == {100, 200, 300, 400}
+    assert fake_nvml.call_count("nvmlDeviceGetMPSComputeRunningProcesses_v3", gpu=0) == 8
+    assert fake_nvml.call_count("nvmlDeviceGetMPSComputeRunningProcesses_v3", gpu=1) == 1
+    assert fake_nvml.call_count("nvmlDeviceGetGraphicsRunningProcesses_v3", gpu=1) == 1
+    fake_nvml.append("gpu.1.mps_processes = 500:4096")
+    clock.now += 1.0
+    assert 500 not in {p.pid for p in src.sample([]).gpu_processes}  # not asked until due
+    clock.now += 9.0
+    assert 500 in {p.pid for p in src.sample([]).gpu_processes}
+
+
 def test_process_utilization_not_found_and_last_seen_timestamp(fake_nvml: FakeNvml, caplog):
     fake_nvml.write(
         """

@@ -405,14 +405,28 @@ class NvmlSource:
         if dev.xid_count is not None:
             out["xid_errors"] = dev.xid_count
         out["processes_listed"] = False
-        if "processes" not in off:
-            listed = call(dev, "processes", api.compute_processes, h)
-            out["processes_listed"] = listed is not api.FAILED
-            if listed is not api.FAILED and listed:
-                util = self._process_util(dev) if "process_util" not in off else {}
-                for pid, used in listed:
-                    sm, mem = util.get(pid, (None, None))
-                    procs.append(GpuProcessSample(pid, dev.uuid, used, sm, mem))
+        if "processes" in off:
+            return
+        listed = call(dev, "processes", api.running_processes, h)
+        out["processes_listed"] = listed is not api.FAILED
+        used: dict[int, int | None] = {} if listed is api.FAILED else dict(listed)
+        for which in (api.GRAPHICS, api.MPS):
+            kind = which[0]
+            if kind in off or not (slow_due or kind in dev.active_lists):
+                continue
+            more = call(dev, kind, api.running_processes, h, which)
+            if more is api.FAILED or not more:
+                dev.active_lists.discard(kind)
+                continue
+            dev.active_lists.add(kind)
+            for pid, mem in more:  # a process in two lists ("C+G") holds its memory once
+                known = used.get(pid)
+                used[pid] = mem if known is None else max(known, mem or 0)
+        if used:
+            util = self._process_util(dev) if "process_util" not in off else {}
+            for pid, mem in used.items():
+                sm, mem_util = util.get(pid, (None, None))
+                procs.append(GpuProcessSample(pid, dev.uuid, mem, sm, mem_util))
 
     def _first(self, dev: Device, alternatives: api.Alternatives) -> tuple[str | None, Any]:
         """The first alternative this device supports: (metric, value), or (None, api.FAILED)."""

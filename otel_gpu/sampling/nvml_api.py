@@ -131,8 +131,24 @@ PROCESS_INFO = struct.Struct("=I4xQII")  # nvmlProcessInfo_t (v2/v3 entry), 24 b
 NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE for usedGpuMemory
 
 
-def compute_processes(handle: Any) -> list[tuple[int, int | None]]:
-    """(pid, used GPU bytes or None) of the compute processes on a device.
+# Process lists: (metric, NVML symbol, pynvml's own function for old pynvml versions).
+COMPUTE = ("processes", "nvmlDeviceGetComputeRunningProcesses_v3", "ComputeRunningProcesses")
+GRAPHICS = (
+    "graphics_processes",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "GraphicsRunningProcesses",
+)
+MPS = (
+    "mps_processes",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    "MPSComputeRunningProcesses",
+)
+ProcessList = tuple[str, str, str]
+
+
+def running_processes(handle: Any, which: ProcessList = COMPUTE) -> list[tuple[int, int | None]]:
+    """(pid, used GPU bytes or None) of the processes on a device in one of NVML's lists:
+    compute, graphics, or MPS clients (under MPS the compute list shows only the MPS server).
 
     NVML's two-call protocol, done here rather than by pynvml's
     ``nvmlDeviceGetComputeRunningProcesses`` because that builds a Python object per process:
@@ -141,9 +157,9 @@ def compute_processes(handle: Any) -> list[tuple[int, int | None]]:
     """
     get_function = getattr(pynvml, "_nvmlGetFunctionPointer", None)
     if get_function is None:  # a pynvml without it: its own (slower) implementation
-        listed = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        listed = getattr(pynvml, f"nvmlDeviceGet{which[2]}")(handle)
         return [(p.pid, p.usedGpuMemory) for p in listed]
-    fn = get_function("nvmlDeviceGetComputeRunningProcesses_v3")
+    fn = get_function(which[1])
     count = ctypes.c_uint(0)
     ret = fn(handle, ctypes.byref(count), None)
     if ret == pynvml.NVML_SUCCESS:
@@ -206,6 +222,9 @@ class Device:
     util_at: float = 0.0  # time.monotonic() when util_last was read
     slow_at: float = float("-inf")  # when the SLOW metrics are due again (NvmlSource clock)
     slow_values: dict[str, Any] = field(default_factory=dict)  # their last values
+    # Graphics / MPS process lists seen non-empty: read every sweep until empty again (others
+    # are asked with the slow metrics only: most GPUs that train have none).
+    active_lists: set[str] = field(default_factory=set)
 
 
 @dataclass

@@ -41,6 +41,7 @@
  * List fields:
  *   processes = PID:USED ...          compute processes (v3 two-call protocol); USED is bytes,
  *                                     a ramp, or "na" (NVML_VALUE_NOT_AVAILABLE, 2^64-1)
+ *   graphics_processes, mps_processes = PID:USED ...   the graphics and MPS-client lists
  *   process_util = PID:SM:MEM[:ENC:DEC] ...   one sample per period per PID (%)
  *   process_util.period_ms = 1000     the newest sample is stamped t0 + a whole number of
  *                                     periods (µs); lastSeenTimeStamp >= it gives NOT_FOUND
@@ -131,6 +132,7 @@ _Static_assert(NVML_ERROR_GPU_IS_LOST == 15 && NVML_ERROR_NOT_SUPPORTED == 3 &&
     X(nvmlDeviceGetTotalEnergyConsumption) X(nvmlDeviceGetClockInfo)                              \
     X(nvmlDeviceGetPcieThroughput) X(nvmlDeviceGetTotalEccErrors) X(nvmlDeviceGetMigMode)         \
     X(nvmlDeviceGetCurrentClocksEventReasons) X(nvmlDeviceGetComputeRunningProcesses_v3)          \
+    X(nvmlDeviceGetGraphicsRunningProcesses_v3) X(nvmlDeviceGetMPSComputeRunningProcesses_v3)     \
     X(nvmlDeviceGetProcessUtilization) X(nvmlDeviceGetSupportedEventTypes) X(nvmlEventSetCreate)  \
     X(nvmlDeviceRegisterEvents) X(nvmlEventSetWait_v2) X(nvmlEventSetFree)
 
@@ -190,6 +192,10 @@ typedef struct {
     fk_seg used;
 } fk_proc;
 
+#define FK_PROC_KINDS 3
+static const char *const fk_proc_lists[FK_PROC_KINDS] = {"processes", "graphics_processes",
+                                                          "mps_processes"};
+
 typedef struct {
     unsigned int pid, sm, mem, enc, dec;
 } fk_putil;
@@ -219,8 +225,8 @@ static const double fk_field_defaults[F_NFIELDS] = {
 typedef struct {
     char name[96], uuid[96], bus_id[32];
     fk_value f[F_NFIELDS];
-    int nproc, nputil, nxid;
-    fk_proc *procs;
+    int nproc[FK_PROC_KINDS], nputil, nxid;
+    fk_proc *procs[FK_PROC_KINDS]; /* compute, graphics, MPS compute */
     fk_putil *putil;
     fk_xid xid[FK_MAX_XID];
 } fk_dev;
@@ -403,7 +409,7 @@ static void fk_default_dev(fk_dev *d, int i) {
 static void fk_free_scenario(fk_scenario *s) {
     if (!s) return;
     for (int i = 0; i < FK_MAX_GPUS; i++) {
-        free(s->dev[i].procs);
+        for (int k = 0; k < FK_PROC_KINDS; k++) free(s->dev[i].procs[k]);
         free(s->dev[i].putil);
     }
     free(s);
@@ -422,12 +428,15 @@ static int fk_count_tokens(const char *s) {
 static int fk_parse_list(fk_dev *d, const char *field, char *val) {
     int n = fk_count_tokens(val);
     char *save = NULL;
-    if (strcmp(field, "processes") == 0) {
-        free(d->procs);
-        d->procs = calloc((size_t)(n ? n : 1), sizeof(fk_proc));
-        d->nproc = 0;
+    int kind = -1;
+    for (int k = 0; k < FK_PROC_KINDS; k++)
+        if (strcmp(field, fk_proc_lists[k]) == 0) kind = k;
+    if (kind >= 0) {
+        free(d->procs[kind]);
+        d->procs[kind] = calloc((size_t)(n ? n : 1), sizeof(fk_proc));
+        d->nproc[kind] = 0;
         for (char *tok = strtok_r(val, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
-            fk_proc *p = &d->procs[d->nproc];
+            fk_proc *p = &d->procs[kind][d->nproc[kind]];
             char *colon = strchr(tok, ':'), *end;
             if (!colon) return -1;
             *colon = 0;
@@ -439,7 +448,7 @@ static int fk_parse_list(fk_dev *d, const char *field, char *val) {
                 const char *rest = fk_parse_seg(colon + 1, &p->used);
                 if (!rest || *rest) return -1;
             }
-            d->nproc++;
+            d->nproc[kind]++;
         }
         return 0;
     }
@@ -1076,18 +1085,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
     DEV_RETURN(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
-                                                            unsigned int *infoCount,
-                                                            nvmlProcessInfo_t *infos) {
-    DEV_ENTER(nvmlDeviceGetComputeRunningProcesses_v3)
-    if (!infoCount) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
-    unsigned int n = (unsigned int)d->nproc, cap = *infoCount;
+static nvmlReturn_t fk_running_processes(const fk_dev *d, int kind, unsigned int *infoCount,
+                                         nvmlProcessInfo_t *infos) {
+    if (!infoCount) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int n = (unsigned int)d->nproc[kind], cap = *infoCount;
     *infoCount = n;
-    if (n == 0) DEV_RETURN(NVML_SUCCESS);
-    if (!infos || cap < n) DEV_RETURN(NVML_ERROR_INSUFFICIENT_SIZE);
+    if (n == 0) return NVML_SUCCESS;
+    if (!infos || cap < n) return NVML_ERROR_INSUFFICIENT_SIZE;
     double rel = fk_now() - S->t0;
     for (unsigned int i = 0; i < n; i++) {
-        const fk_proc *p = &d->procs[i];
+        const fk_proc *p = &d->procs[kind][i];
         double used = p->used.base + p->used.slope * rel;
         infos[i].pid = p->pid;
         infos[i].usedGpuMemory = p->na ? FK_NOT_AVAILABLE
@@ -1095,7 +1102,28 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
         infos[i].gpuInstanceId = 0xFFFFFFFFU;
         infos[i].computeInstanceId = 0xFFFFFFFFU;
     }
-    DEV_RETURN(NVML_SUCCESS);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                            unsigned int *infoCount,
+                                                            nvmlProcessInfo_t *infos) {
+    DEV_ENTER(nvmlDeviceGetComputeRunningProcesses_v3)
+    DEV_RETURN(fk_running_processes(d, 0, infoCount, infos));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device,
+                                                             unsigned int *infoCount,
+                                                             nvmlProcessInfo_t *infos) {
+    DEV_ENTER(nvmlDeviceGetGraphicsRunningProcesses_v3)
+    DEV_RETURN(fk_running_processes(d, 1, infoCount, infos));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                               unsigned int *infoCount,
+                                                               nvmlProcessInfo_t *infos) {
+    DEV_ENTER(nvmlDeviceGetMPSComputeRunningProcesses_v3)
+    DEV_RETURN(fk_running_processes(d, 2, infoCount, infos));
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
