@@ -58,16 +58,18 @@ Extra = tuple[tuple[str, Any], ...]
 
 def gpu_attrs(g: GpuSample, extra: Extra = ()) -> Attrs:
     """A GPU's point attributes plus ``extra``. Shared, cached dicts: callers must not mutate."""
-    return _gpu_attrs(g.uuid, g.index, g.name, extra)
+    return _gpu_attrs(g.uuid, g.index, g.name, g.parent, extra)
 
 
 # Attribute dicts are built once per series, not once per point per collection: building them
 # was a quarter of the agent's collection cost (benchmarks/bench_sample_cycle.py).
 @functools.lru_cache(maxsize=4096)
-def _gpu_attrs(uuid: str, index: int, name: str | None, extra: Extra) -> Attrs:
+def _gpu_attrs(uuid: str, index: int, name: str | None, parent: str | None, extra: Extra) -> Attrs:
     attrs: Attrs = {"hw.id": uuid, "hw.type": "gpu", "hw.vendor": "NVIDIA", "gpu.index": index}
     if name:
         attrs["hw.name"] = name
+    if parent:
+        attrs["hw.parent"] = parent
     attrs.update(extra)
     return attrs
 

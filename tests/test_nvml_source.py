@@ -119,6 +119,7 @@ def test_every_field_with_units_converted(fake_nvml: FakeNvml):
         gpu.0.mig = 1
         gpu.0.clocks_event_reasons = 0x24
         gpu.1.util.gpu = steps 0:10 0.4:90
+        gpu.1.util.memory = 41
         """
     )
     src = fake_nvml.source()
@@ -130,7 +131,8 @@ def test_every_field_with_units_converted(fake_nvml: FakeNvml):
     assert g.memory_total == 85899345920
     assert g.memory_used == 10000000000  # NVML "used": includes the reserved part
     assert g.memory_reserved == 500000000
-    assert (g.util_gpu, g.util_memory) == (0.87, 0.41)
+    assert (g.util_gpu, g.util_memory) == (None, None)  # GPU 0 is in MIG mode: NVML has none
+    assert by_index(reading)[1].util_memory == 0.41
     assert (g.util_encoder, g.util_decoder) == (0.12, 0.07)
     assert g.temperature_c == 66.0
     assert (g.power_w, g.power_limit_w) == (312.5, 400.0)
@@ -357,19 +359,25 @@ def test_driver_not_loaded_retries_with_backoff_then_recovers(fake_nvml: FakeNvm
 @pytest.mark.parametrize(
     "spec, expected",
     [
-        (None, [0, 1, 2, 3]),
+        (None, [0, 1, 2, 3, 4, 5]),
         ("2,0", [2, 0]),
         ("", []),
         ("1,7,2", [1]),  # CUDA stops at the first entry that names no GPU
         ("GPU-abc", [3]),  # unique UUID prefix
         ("GPU-fa4e0000", []),  # ambiguous prefix
-        ("MIG-1234-5678,1", [1]),
+        ("MIG-1234-5678,1", [1]),  # names no MIG device: skipped, the list goes on
+        ("MIG-GPU-abcdef12/1/0,1", [1]),  # legacy form: skipped
         (f"{UUID.format(1)},0,0", [1, 0]),
+        ("MIG-0000aaaa-0001,0", [5, 0]),  # a MIG device by unique prefix, after the 4 GPUs
+        ("mig-0000AAAA", []),  # ambiguous MIG prefix: skipped
     ],
 )
 def test_select_visible(spec, expected):
     uuids = [UUID.format(i) for i in range(3)] + ["GPU-abcdef12-0000-4000-8000-000000000000"]
-    assert select_visible(spec, uuids)[0] == expected
+    migs = [f"MIG-0000aaaa-{i:04x}-4000-8000-000000000000" for i in range(2)]
+    assert select_visible(spec, uuids, migs)[0] == expected
+    if spec is None:  # everything, MIG devices included
+        assert select_visible(spec, uuids, migs)[0] == [0, 1, 2, 3, 4, 5]
 
 
 def test_cuda_visible_devices_selects_the_jobs_gpus(fake_nvml: FakeNvml):
@@ -504,3 +512,77 @@ def test_sweep_of_8_gpus_with_64_processes_each_is_cheap(fake_nvml: FakeNvml):
     # Typically ~3 ms here; the bound only catches gross regressions on a busy machine.
     assert per_sweep < 0.05, per_sweep
     assert os.environ["FAKE_NVML_SCENARIO"] == str(fake_nvml.scenario_path)
+
+
+def test_mig_devices_report_memory_and_processes_under_their_own_uuids(fake_nvml: FakeNvml):
+    """A GPU in MIG mode: the GPU keeps its physical metrics, each MIG device reports memory
+    and its processes under its MIG UUID with the GPU as hw.parent, no process is counted twice
+    (the GPU's aggregate list is not read), and nothing NVML lacks for MIG devices is asked."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from otel_gpu import metrics
+
+    mig0 = "MIG-00000000-0000-4000-8000-000000000000"
+    mig2 = "MIG-00000000-0002-4000-8000-000000000000"
+    fake_nvml.write(
+        """
+        devices = 2
+        gpu.0.name = NVIDIA A100-SXM4-80GB
+        gpu.0.mig = 1
+        mig.0.0.memory.total = 42949672960
+        mig.0.0.memory.used = 1000000000
+        mig.0.0.processes = 4242:1000
+        mig.0.2.name = NVIDIA A100-SXM4-80GB MIG 3g.40gb
+        mig.0.2.processes = 4343:2000
+        gpu.1.processes = 5000:64
+        """
+    )
+    src = fake_nvml.source()
+    reading = src.sample([])
+    gpus = {g.uuid: g for g in reading.gpus}
+    assert list(gpus) == [UUID.format(0), mig0, mig2, UUID.format(1)]
+    gpu0, m0 = gpus[UUID.format(0)], gpus[mig0]
+    assert (m0.parent, m0.index, m0.status) == (UUID.format(0), 0, STATUS_OK)
+    assert (m0.memory_total, m0.memory_used) == (42949672960, 1000000000)
+    assert m0.util_gpu is None and m0.power_w is None and m0.temperature_c is None
+    assert gpus[mig2].name == "NVIDIA A100-SXM4-80GB MIG 3g.40gb"
+    assert gpu0.parent is None and gpu0.power_w == 70.0  # physical metrics stay on the GPU
+    assert gpu0.util_gpu is None  # NVML has no utilization in MIG mode
+    assert gpu0.processes_listed is False and m0.processes_listed is True
+    procs = sorted((p.pid, p.gpu_uuid, p.used_memory) for p in reading.gpu_processes)
+    assert procs == [(4242, mig0, 1000), (4343, mig2, 2000), (5000, UUID.format(1), 64)]
+    src.sample([])
+    # Asked of the GPU only: MIG devices are never asked what NVML does not have for them.
+    assert fake_nvml.call_count("nvmlDeviceGetPowerUsage", gpu=0) == 2
+    assert fake_nvml.call_count("nvmlDeviceGetTemperatureV", gpu=0) == 2
+
+    reader = InMemoryMetricReader()
+    metrics.register(MeterProvider(metric_readers=[reader]).get_meter("t"), lambda: _snap(src))
+    data = reader.get_metrics_data()
+    assert data is not None
+    points = {
+        (m.name, p.attributes["hw.id"]): p
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        for p in m.data.data_points
+        if "hw.id" in p.attributes
+    }
+    usage = points[("hw.gpu.memory.usage", mig0)]
+    assert usage.value == 1000000000 and usage.attributes["hw.parent"] == UUID.format(0)
+    assert "hw.parent" not in points[("hw.gpu.memory.usage", UUID.format(0))].attributes
+    assert points[("process.gpu.memory.usage", mig2)].attributes["process.pid"] == 4343
+    assert ("hw.gpu.utilization", mig0) not in points
+
+    # A pod given one MIG device watches that device only.
+    only = fake_nvml.source(visible_devices=mig2[:18]).sample([])
+    assert [g.uuid for g in only.gpus] == [mig2]
+    assert [p.pid for p in only.gpu_processes] == [4343]
+
+
+def _snap(src):
+    from otel_gpu.sampling.snapshot import Snapshot
+
+    reading = src.sample([])
+    return Snapshot(time=time.time(), gpus=reading.gpus, gpu_processes=reading.gpu_processes)

@@ -112,7 +112,7 @@ def _gpu_checks(settings: Settings) -> Iterator[Check]:
         status = OK if g.status == "ok" else FAIL
         yield Check(
             status,
-            f"gpu {g.index}",
+            f"gpu {g.index} mig" if g.parent else f"gpu {g.index}",
             f"{g.name or 'unknown'} {g.uuid}, {mem}, status {g.status}",
             "check `nvidia-smi`; a lost GPU needs a reset or a reboot",
         )

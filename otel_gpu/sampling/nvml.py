@@ -102,13 +102,13 @@ class NvmlSource:
             if not self._ensure_ready():
                 return DeviceReading(no_gpu_reason=self._no_gpu_reason)
             if self._guard.busy:  # an earlier call is still stuck: report identities only
-                return self._reading(Sweep(), self._hung_index())
+                return self._reading(Sweep(), self._hung_key())
             sweep = Sweep()
             finished = self._guard.run(lambda: self._sweep(sweep))
             if sweep.library_error is not None:
                 self._lose_library(sweep.library_error)
                 return DeviceReading(no_gpu_reason=self._no_gpu_reason)
-            return self._reading(sweep, None if finished else self._hung_index())
+            return self._reading(sweep, None if finished else self._hung_key())
 
     def host_info(self) -> HostInfo:
         """Driver and CUDA versions, GPU count and models (initializing NVML if needed)."""
@@ -170,21 +170,28 @@ class NvmlSource:
         self._next_init_at = self._clock() + self._retry_delay
         self._retry_delay = min(self._retry_delay * 2, self._retry_max)
 
-    def _hung_index(self) -> int | None:
+    def _hung_key(self) -> int | None:
         key = self._guard.hung_key
         return key[0] if isinstance(key, tuple) else None
 
     def _reading(self, sweep: Sweep, hung: int | None) -> DeviceReading:
         gpus = []
         for dev in self._devices:
-            values = dict(sweep.fields.get(dev.index, ()))
+            values = dict(sweep.fields.get(dev.key, ()))
             status = STATUS_OK
             if dev.lost:
                 status, values = STATUS_FAILED, {}
-            elif dev.index == hung:
+            elif dev.key == hung:
                 status = STATUS_DEGRADED
             gpus.append(
-                GpuSample(uuid=dev.uuid, index=dev.index, name=dev.name, status=status, **values)
+                GpuSample(
+                    uuid=dev.uuid,
+                    index=dev.index,
+                    name=dev.name,
+                    status=status,
+                    parent=dev.parent,
+                    **values,
+                )
             )
         return DeviceReading(
             gpus=tuple(gpus),
@@ -197,7 +204,7 @@ class NvmlSource:
     def _call(self, dev: Device | None, metric: str, fn: Callable[..., Any], *args: Any) -> Any:
         """Call ``fn(*args)`` under the deadline; the value, or ``api.FAILED`` once classified."""
         guard = self._guard
-        guard.enter((dev.index if dev is not None else -1, metric))
+        guard.enter((dev.key if dev is not None else -1, metric))
         try:
             value = fn(*args)
         except pynvml.NVMLError as err:
@@ -214,9 +221,10 @@ class NvmlSource:
             return api.FAILED
         guard.leave()
         if self._episodes:  # an error episode of this (device, metric) ends with a success
-            index = dev.index if dev is not None else -1
-            if self._episodes.pop((index, metric), None) is not None:
-                log.info("%s %s: readable again", f"GPU {index}" if dev else "NVML", metric)
+            key = dev.key if dev is not None else -1
+            if self._episodes.pop((key, metric), None) is not None:
+                where = f"GPU {dev.index} ({dev.uuid})" if dev else "NVML"
+                log.info("%s %s: readable again", where, metric)
         return value
 
     def _on_error(self, dev: Device | None, metric: str, code: int) -> None:
@@ -226,6 +234,8 @@ class NvmlSource:
             return  # no samples newer than the last one seen: an idle GPU, not an error
         if metric == "xid" and code == pynvml.NVML_ERROR_TIMEOUT:
             return  # no pending event
+        if metric.startswith("mig_"):
+            return  # MIG discovery probes: an error means "no MIG device there"
         name = api.ERROR_NAMES.get(code, str(code))
         where = f"GPU {dev.index} ({dev.uuid})" if dev is not None else "NVML"
         if dev is not None and code in api.UNSUPPORTED:
@@ -239,7 +249,7 @@ class NvmlSource:
             dev.probing = False
             dev.probe_at = self._clock() + self._lost_retry
             raise api.DeviceFailed
-        key = (dev.index if dev is not None else -1, metric)
+        key = (dev.key if dev is not None else -1, metric)
         if self._episodes.get(key) != code:
             self._episodes[key] = code
             log.warning(
@@ -270,11 +280,22 @@ class NvmlSource:
         if count is api.FAILED or count == 0:
             return "NVML reports no GPU"
         found = self._enumerate(count)
-        uuids = [d.uuid if d else "" for d in found]
-        chosen, warnings = select_visible(self._visible, uuids)
+        migs = [mig for dev in found if dev is not None for mig in self._enumerate_mig(dev)]
+        everything = [*found, *migs]
+        chosen, warnings = select_visible(
+            self._visible, [d.uuid if d else "" for d in found], [m.uuid for m in migs]
+        )
         for warning in warnings:
             log.warning("%s", warning)
-        self._devices = [d for d in (found[i] for i in chosen) if d is not None]
+        selected: list[Device] = []
+        for i in chosen:
+            dev = everything[i]
+            if dev is None or dev in selected:
+                continue
+            selected.append(dev)
+            if i < len(found):  # a GPU in MIG mode: its MIG devices hold its memory and work
+                selected += [m for m in migs if m.parent == dev.uuid and m not in selected]
+        self._devices = selected
         self._selection_note = None
         if not self._devices:
             self._selection_note = (
@@ -324,12 +345,53 @@ class NvmlSource:
             )
         return found
 
+    def _enumerate_mig(self, gpu: Device) -> list[Device]:
+        """The MIG devices of a GPU in MIG mode (none otherwise). In MIG mode NVML reports
+        memory and processes per MIG device, and the GPU's own process list is their
+        aggregate: it is not read, so no process is counted twice."""
+        mode = self._call(None, "mig_mode", pynvml.nvmlDeviceGetMigMode, gpu.handle)
+        if mode is api.FAILED or not mode[0]:
+            return []
+        most = self._call(None, "mig_count", pynvml.nvmlDeviceGetMaxMigDeviceCount, gpu.handle)
+        found = []
+        for i in range(0 if most is api.FAILED else min(most, api.MIG_MAX)):
+            handle = self._call(
+                None, "mig_handle", pynvml.nvmlDeviceGetMigDeviceHandleByIndex, gpu.handle, i
+            )
+            if handle is api.FAILED:
+                continue  # no MIG device in this slot
+            uuid = self._call(None, "mig_uuid", pynvml.nvmlDeviceGetUUID, handle)
+            if uuid is api.FAILED:
+                continue
+            name = self._call(None, "mig_name", pynvml.nvmlDeviceGetName, handle)
+            found.append(
+                Device(
+                    gpu.index,
+                    handle,
+                    api.text(uuid),
+                    None if name is api.FAILED else api.text(name),
+                    ctypes.cast(handle, ctypes.c_void_p).value,
+                    parent=gpu.uuid,
+                    key=(gpu.index + 1) * 1000 + i,
+                    disabled=set(api.MIG_UNSUPPORTED),
+                )
+            )
+        if found:
+            gpu.disabled.add("processes")
+            log.info(
+                "GPU %s (%s) is in MIG mode: %d MIG device(s), reported under their own UUIDs",
+                gpu.index,
+                gpu.uuid,
+                len(found),
+            )
+        return found
+
     def _register_events(self) -> None:
         create = api.function("nvmlEventSetCreate")
         event_set = api.FAILED if create is None else self._call(None, "event_set", create)
         self._event_set = None if event_set is api.FAILED else event_set
         for dev in self._devices:
-            if self._event_set is not None:
+            if self._event_set is not None and dev.parent is None:  # Xids come per GPU
                 ok = self._call(
                     dev,
                     "xid_register",
@@ -354,7 +416,7 @@ class NvmlSource:
                         continue
                     dev.lost, dev.probing = False, True  # a full read decides
                 values: dict[str, Any] = {}
-                sweep.fields[dev.index] = values
+                sweep.fields[dev.key] = values
                 try:
                     self._read_device(dev, values, sweep.processes, now)
                 except api.DeviceFailed:
@@ -479,7 +541,7 @@ class NvmlSource:
                 dev = self._by_address.get(ctypes.cast(data.device, ctypes.c_void_p).value or 0)
                 if dev is not None and dev.xid_count is not None:
                     dev.xid_count += 1
-                    values = sweep.fields.get(dev.index)
+                    values = sweep.fields.get(dev.key)
                     if values is not None and not dev.lost:
                         values["xid_errors"] = dev.xid_count
                     if (dev.index, data.eventData) not in self._xids_logged:  # Xid storms

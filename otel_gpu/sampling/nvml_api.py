@@ -203,15 +203,26 @@ class DeviceFailed(Exception):
     """The device is lost; skip its remaining calls this sweep."""
 
 
+# What NVML answers for a MIG device: its memory and its processes. Everything else (engine
+# utilization, power, temperature, clocks, ...) is per physical GPU or not available in MIG mode.
+MIG_UNSUPPORTED = frozenset(
+    {"utilization", "temperature_v", "temperature", "process_util", *(m[0] for m in SCALARS)}
+)
+MIG_MAX = 7  # MIG devices per GPU at most
+
+
 @dataclass
 class Device:
-    """One selected GPU and what NvmlSource remembers about it between sweeps."""
+    """One selected GPU (or MIG device) and what NvmlSource remembers about it between sweeps."""
 
-    index: int  # NVML index (PCI bus order)
+    index: int  # NVML index (PCI bus order); a MIG device's is its parent's
     handle: Any
     uuid: str
     name: str | None
     address: int | None  # handle pointer value, to map events to devices
+    parent: str | None = None  # a MIG device's parent GPU UUID
+    key: int = -1  # unique among devices: the NVML index (the default), or for a MIG device
+    # a number past every GPU index
     disabled: set[str] = field(default_factory=set)
     lost: bool = False
     probing: bool = False  # a lost device being read again to see whether it is back
@@ -225,6 +236,10 @@ class Device:
     # Graphics / MPS process lists seen non-empty: read every sweep until empty again (others
     # are asked with the slow metrics only: most GPUs that train have none).
     active_lists: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if self.key == -1:
+            self.key = self.index
 
 
 @dataclass

@@ -24,10 +24,11 @@ STATUS_FAILED = "failed"
 class GpuSample:
     """One GPU at one sweep. ``uuid`` is the stable series key (``hw.id``)."""
 
-    uuid: str
-    index: int
+    uuid: str  # GPU-... or, for a MIG device, MIG-...
+    index: int  # NVML index (a MIG device's parent's)
     name: str | None = None
     status: str = STATUS_OK
+    parent: str | None = None  # a MIG device's parent GPU UUID (hw.parent)
     memory_used: int | None = None  # By (NVML "used"; includes driver-reserved memory)
     memory_total: int | None = None  # By
     memory_reserved: int | None = None  # By (memory info v2 only)

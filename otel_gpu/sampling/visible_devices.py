@@ -2,8 +2,8 @@
 
 CUDA's rules: a comma-separated list of device indices, ``GPU-<uuid>`` identifiers or unique
 prefixes of them; an empty value hides every GPU; parsing stops at the first entry that names
-no device (so ``0,1,-1,2`` means ``0,1``). ``MIG-<uuid>`` entries name MIG instances, which this
-agent reports as their parent GPU only when listed by GPU; they are skipped with a warning.
+no device (so ``0,1,-1,2`` means ``0,1``). ``MIG-<uuid>`` entries (or unique prefixes) name MIG
+devices; the legacy ``MIG-GPU-<uuid>/<gi>/<ci>`` form is skipped with a warning.
 
 Indices are taken in NVML order (PCI bus order). CUDA orders "fastest first" unless
 ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; on machines with mixed GPU models set that variable so both
@@ -15,13 +15,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def select_visible(spec: str | None, uuids: Sequence[str]) -> tuple[list[int], list[str]]:
-    """Return the NVML indices ``spec`` selects (in ``spec`` order) and warnings to log once.
+def select_visible(
+    spec: str | None, uuids: Sequence[str], mig_uuids: Sequence[str] = ()
+) -> tuple[list[int], list[str]]:
+    """Return the devices ``spec`` selects (in ``spec`` order) and warnings to log once.
 
-    ``spec`` None selects every GPU; ``uuids[i]`` is the UUID of NVML device ``i``.
+    ``uuids[i]`` is the UUID of NVML device ``i``; ``mig_uuids[j]`` of the j-th MIG device,
+    returned as ``len(uuids) + j``. ``spec`` None selects every GPU and MIG device.
     """
     if spec is None:
-        return list(range(len(uuids))), []
+        return list(range(len(uuids) + len(mig_uuids))), []
     chosen: list[int] = []
     warnings: list[str] = []
     for raw in spec.split(","):
@@ -31,12 +34,17 @@ def select_visible(spec: str | None, uuids: Sequence[str]) -> tuple[list[int], l
                 warnings.append(f"CUDA_VISIBLE_DEVICES={spec!r}: empty entry ends the list")
             break
         if token.upper().startswith("MIG-"):
-            warnings.append(
-                f"CUDA_VISIBLE_DEVICES entry {token!r} is a MIG instance; it is not mapped to a "
-                "GPU (list the GPU's UUID to watch it)"
-            )
-            continue
-        index = _resolve(token, uuids)
+            index = _unique_prefix(token, mig_uuids)
+            if index is None:
+                warnings.append(
+                    f"CUDA_VISIBLE_DEVICES entry {token!r} names no MIG device NVML lists (the "
+                    "MIG-GPU-<uuid>/<gi>/<ci> form is not supported: use the MIG device UUID "
+                    "from `nvidia-smi -L`); it is skipped"
+                )
+                continue
+            index += len(uuids)
+        else:
+            index = _resolve(token, uuids)
         if index is None:
             warnings.append(
                 f"CUDA_VISIBLE_DEVICES={spec!r}: {token!r} names no GPU (or is an ambiguous "
@@ -48,11 +56,15 @@ def select_visible(spec: str | None, uuids: Sequence[str]) -> tuple[list[int], l
     return chosen, warnings
 
 
+def _unique_prefix(token: str, uuids: Sequence[str]) -> int | None:
+    matches = [i for i, uuid in enumerate(uuids) if uuid.lower().startswith(token.lower())]
+    return matches[0] if len(matches) == 1 else None
+
+
 def _resolve(token: str, uuids: Sequence[str]) -> int | None:
     if token.lstrip("+").isdigit():
         index = int(token)
         return index if index < len(uuids) else None
     if not token.upper().startswith("GPU-"):
         return None
-    matches = [i for i, uuid in enumerate(uuids) if uuid.lower().startswith(token.lower())]
-    return matches[0] if len(matches) == 1 else None
+    return _unique_prefix(token, uuids)

@@ -23,6 +23,7 @@
  *   cuda_driver_version = 12040       # as NVML returns it: 1000*major + 10*minor
  *   nvml_version = 12.550.54.15
  *   gpu.<i|*>.<field> = VALUE         # per GPU (i) or all GPUs (*)
+ *   mig.<i>.<j>.<field> = VALUE       # MIG device j (0..6) of GPU i (see MIG below)
  *   fail.<symbol|*>[.<i|*>] = CODE [after=N] [until=N] [every=N] [from=S] [to=S]
  *   delay.<symbol|*>[.<i|*>] = MS [after=N] [until=N] [every=N] [from=S] [to=S]
  *
@@ -50,11 +51,39 @@
  *                                     registered type 0x8 on that GPU; delivery state survives
  *                                     reloads of the same path, so appending delivers only new
  *
+ * MIG: "mig.N.I.<field> = value" (N a GPU index, I 0..6, no wildcards) declares MIG device I of
+ * GPU N; any line for mig.N.I creates it. It is reachable while gpu.N.mig evaluates to 1 (MIG
+ * mode); with mig 0 the GPU behaves as if no mig.N.* line existed. Fields:
+ *   uuid                default MIG-<N as %08x>-<I as %04x>-4000-8000-000000000000
+ *   name                default: the GPU's name + " MIG"
+ *   memory.total        VALUE, bytes (default 10737418240)
+ *   memory.used         VALUE (default 0; "used" as for GPUs, i.e. including reserved)
+ *   memory.reserved     VALUE (default 0)
+ *   processes, graphics_processes, mps_processes = PID:USED ...   as for GPUs
+ *   gi, ci              GPU / compute instance id (default I + 1 and 0)
+ * A GPU in MIG mode: nvmlDeviceGetMaxMigDeviceCount gives 7 (else 0);
+ * nvmlDeviceGetMigDeviceHandleByIndex(I) gives I's handle, NOT_FOUND for an undeclared I,
+ * INVALID_ARGUMENT for I >= the max count (always with MIG off); nvmlDeviceGetUtilizationRates
+ * and nvmlDeviceGetProcessUtilization give NOT_SUPPORTED; its three process lists are the
+ * union of its MIG devices' lists in index order (gpu.N.processes etc. are not used then);
+ * everything else reads gpu.N.* as before. Outside MIG mode process entries carry instance
+ * ids 0xFFFFFFFF; entries of a MIG device's list carry its gi/ci, on either handle.
+ * A MIG handle: a fixed address per (N, I), distinct from GPU handles and the same across
+ * reloads. It serves nvmlDeviceGetUUID, GetName, GetMemoryInfo(_v2), the three
+ * Get*RunningProcesses_v3, GetGpuInstanceId / GetComputeInstanceId (gi / ci),
+ * GetDeviceHandleFromMigDeviceHandle (the GPU's handle) and IsMigDeviceHandle (1; 0 for a GPU
+ * handle); the instance-id and parent functions give INVALID_ARGUMENT for a GPU handle.
+ * GetMaxMigDeviceCount and GetMigDeviceHandleByIndex give INVALID_ARGUMENT for a MIG handle,
+ * and every other device function NOT_SUPPORTED. Once its MIG device is gone (a reload removed
+ * the mig.N.I lines, set gpu.N.mig to 0 or dropped GPU N), every call with it gives NOT_FOUND.
+ * Calls with a MIG handle count, and match rules, as calls on GPU N.
+ *
  * Rules: <symbol> is the exported NVML name (nvmlDeviceGetPowerUsage) or * (every symbol).
  * Without a GPU part a rule matches every call of the symbol; with one, only calls on that GPU
- * (nvmlDeviceGetHandleByIndex_v2 counts as a call on GPU <index>). Call k (1-based, per symbol
- * and GPU, since the last reload) matches when k > after, k <= until (if set),
- * (k - after) % every == 0 (if set) and from <= now-t0 < to (if set). The first matching fail
+ * (nvmlDeviceGetHandleByIndex_v2 counts as a call on GPU <index>, a call with a MIG handle as
+ * one on its parent GPU). Call k (1-based, per symbol and GPU, since the last reload) matches
+ * when k > after, k <= until (if set), (k - after) % every == 0 (if set) and
+ * from <= now-t0 < to (if set). The first matching fail
  * rule and the first matching delay rule apply: the call sleeps MS milliseconds (without
  * holding any lock: a hung call), then returns CODE. CODE is an NVML error name without the
  * NVML_ERROR_ prefix (GPU_IS_LOST, NOT_SUPPORTED, TIMEOUT, DRIVER_NOT_LOADED, ...), a number,
@@ -117,6 +146,8 @@ _Static_assert(NVML_ERROR_GPU_IS_LOST == 15 && NVML_ERROR_NOT_SUPPORTED == 3 &&
 #define FK_MAX_RULES 128
 #define FK_MAX_XID 64
 #define FK_MAX_SETS 32
+#define FK_MAX_MIG 7 /* MIG devices per GPU (nvmlDeviceGetMaxMigDeviceCount in MIG mode) */
+#define FK_NO_INSTANCE 0xFFFFFFFFU /* gpuInstanceId/computeInstanceId outside MIG mode */
 #define FK_NOT_AVAILABLE 0xFFFFFFFFFFFFFFFFULL
 
 /* Every exported NVML symbol, for call counting and rules. */
@@ -134,7 +165,10 @@ _Static_assert(NVML_ERROR_GPU_IS_LOST == 15 && NVML_ERROR_NOT_SUPPORTED == 3 &&
     X(nvmlDeviceGetCurrentClocksEventReasons) X(nvmlDeviceGetComputeRunningProcesses_v3)          \
     X(nvmlDeviceGetGraphicsRunningProcesses_v3) X(nvmlDeviceGetMPSComputeRunningProcesses_v3)     \
     X(nvmlDeviceGetProcessUtilization) X(nvmlDeviceGetSupportedEventTypes) X(nvmlEventSetCreate)  \
-    X(nvmlDeviceRegisterEvents) X(nvmlEventSetWait_v2) X(nvmlEventSetFree)
+    X(nvmlDeviceRegisterEvents) X(nvmlEventSetWait_v2) X(nvmlEventSetFree)                       \
+    X(nvmlDeviceGetMaxMigDeviceCount) X(nvmlDeviceGetMigDeviceHandleByIndex)                      \
+    X(nvmlDeviceIsMigDeviceHandle) X(nvmlDeviceGetDeviceHandleFromMigDeviceHandle)                \
+    X(nvmlDeviceGetGpuInstanceId) X(nvmlDeviceGetComputeInstanceId)
 
 #define FK_ENUM(name) SYM_##name,
 #define FK_NAME(name) #name,
@@ -222,6 +256,16 @@ static const double fk_field_defaults[F_NFIELDS] = {
     85899345920.0, 1073741824.0, 536870912.0, 0, 0, 0, 0, 35, 70000, 700000, 1000000,
     1980, 1980, 2619, 1755, 0, 0, 0, 0, 0, 0, 0, 0xF, 1000};
 
+/* One MIG device (mig.N.I.*): a compute instance of GPU N, reachable while N's mig is 1. */
+typedef struct {
+    int present, has_name;
+    char name[104], uuid[96]; /* room for the default: the parent's name + " MIG" */
+    fk_value mem[3];          /* indexed by F_MEM_TOTAL, F_MEM_USED, F_MEM_RESERVED */
+    int nproc[FK_PROC_KINDS];
+    fk_proc *procs[FK_PROC_KINDS];
+    unsigned int gi, ci; /* GPU / compute instance ids */
+} fk_mig;
+
 typedef struct {
     char name[96], uuid[96], bus_id[32];
     fk_value f[F_NFIELDS];
@@ -229,6 +273,7 @@ typedef struct {
     fk_proc *procs[FK_PROC_KINDS]; /* compute, graphics, MPS compute */
     fk_putil *putil;
     fk_xid xid[FK_MAX_XID];
+    fk_mig mig[FK_MAX_MIG];
 } fk_dev;
 
 typedef struct {
@@ -253,7 +298,8 @@ typedef struct {
 } fk_scenario;
 
 struct nvmlDevice_st {
-    int index;
+    int index; /* GPU index (a MIG device's parent) */
+    int mig;   /* MIG device index, -1 for a GPU */
 };
 struct nvmlEventSet_st {
     int in_use;
@@ -268,6 +314,8 @@ static struct stat fk_stat;            /* identity of the loaded file */
 static long long fk_last_check_ns;     /* monotonic coarse, throttles stat() */
 static char fk_error[512];             /* last scenario error */
 static struct nvmlDevice_st fk_handles[FK_MAX_GPUS];
+/* MIG device handles: fixed addresses, so the same (N, I) keeps its handle across reloads. */
+static struct nvmlDevice_st fk_mig_handles[FK_MAX_GPUS][FK_MAX_MIG];
 static struct nvmlEventSet_st fk_sets[FK_MAX_SETS];
 static int fk_xid_delivered[FK_MAX_GPUS];
 static unsigned long long fk_load_count[FK_NSYM][FK_MAX_GPUS + 1]; /* since reload, for rules */
@@ -299,18 +347,23 @@ static double fk_eval(const fk_value *v, double rel) {
     return s->base + s->slope * (rel - s->t);
 }
 
-/* Non-negative value of a number field, rounded, clamped to the type's range. */
-static unsigned long long fk_u64(const fk_dev *d, int field) {
-    double v = fk_eval(&d->f[field], fk_now() - S->t0);
+/* Non-negative value of a VALUE now, rounded, clamped to the type's range. */
+static unsigned long long fk_u64v(const fk_value *f) {
+    double v = fk_eval(f, fk_now() - S->t0);
     if (!(v > 0)) return 0;
     if (v >= 18446744073709549568.0) return FK_NOT_AVAILABLE - 1;
     return (unsigned long long)(v + 0.5);
 }
 
+static unsigned long long fk_u64(const fk_dev *d, int field) { return fk_u64v(&d->f[field]); }
+
 static unsigned int fk_u32(const fk_dev *d, int field) {
     unsigned long long v = fk_u64(d, field);
     return v > 0xFFFFFFFFULL ? 0xFFFFFFFFU : (unsigned int)v;
 }
+
+/* GPU d is in MIG mode now (its mig field evaluates to 1: NVML_DEVICE_MIG_ENABLE). */
+static int fk_mig_on(const fk_dev *d) { return fk_u64(d, F_MIG) == 1; }
 
 /* ---------------------------------- scenario parsing ---------------------------------- */
 
@@ -409,7 +462,10 @@ static void fk_default_dev(fk_dev *d, int i) {
 static void fk_free_scenario(fk_scenario *s) {
     if (!s) return;
     for (int i = 0; i < FK_MAX_GPUS; i++) {
-        for (int k = 0; k < FK_PROC_KINDS; k++) free(s->dev[i].procs[k]);
+        for (int k = 0; k < FK_PROC_KINDS; k++) {
+            free(s->dev[i].procs[k]);
+            for (int m = 0; m < FK_MAX_MIG; m++) free(s->dev[i].mig[m].procs[k]);
+        }
         free(s->dev[i].putil);
     }
     free(s);
@@ -425,33 +481,44 @@ static int fk_count_tokens(const char *s) {
     return n;
 }
 
+/* Index of a process list field name in fk_proc_lists, or -1. */
+static int fk_proc_kind(const char *field) {
+    for (int k = 0; k < FK_PROC_KINDS; k++)
+        if (strcmp(field, fk_proc_lists[k]) == 0) return k;
+    return -1;
+}
+
+/* Parses "PID:USED ..." into a new array replacing *procs (GPU and MIG lists alike). */
+static int fk_parse_procs(fk_proc **procs, int *nproc, char *val) {
+    int n = fk_count_tokens(val);
+    char *save = NULL;
+    free(*procs);
+    *procs = calloc((size_t)(n ? n : 1), sizeof(fk_proc));
+    *nproc = 0;
+    if (!*procs) return -1;
+    for (char *tok = strtok_r(val, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
+        fk_proc *p = &(*procs)[*nproc];
+        char *colon = strchr(tok, ':'), *end;
+        if (!colon) return -1;
+        *colon = 0;
+        p->pid = (unsigned int)strtoul(tok, &end, 10);
+        if (end == tok || *end) return -1;
+        if (strcmp(colon + 1, "na") == 0) {
+            p->na = 1;
+        } else {
+            const char *rest = fk_parse_seg(colon + 1, &p->used);
+            if (!rest || *rest) return -1;
+        }
+        (*nproc)++;
+    }
+    return 0;
+}
+
 static int fk_parse_list(fk_dev *d, const char *field, char *val) {
     int n = fk_count_tokens(val);
     char *save = NULL;
-    int kind = -1;
-    for (int k = 0; k < FK_PROC_KINDS; k++)
-        if (strcmp(field, fk_proc_lists[k]) == 0) kind = k;
-    if (kind >= 0) {
-        free(d->procs[kind]);
-        d->procs[kind] = calloc((size_t)(n ? n : 1), sizeof(fk_proc));
-        d->nproc[kind] = 0;
-        for (char *tok = strtok_r(val, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
-            fk_proc *p = &d->procs[kind][d->nproc[kind]];
-            char *colon = strchr(tok, ':'), *end;
-            if (!colon) return -1;
-            *colon = 0;
-            p->pid = (unsigned int)strtoul(tok, &end, 10);
-            if (end == tok || *end) return -1;
-            if (strcmp(colon + 1, "na") == 0) {
-                p->na = 1;
-            } else {
-                const char *rest = fk_parse_seg(colon + 1, &p->used);
-                if (!rest || *rest) return -1;
-            }
-            d->nproc[kind]++;
-        }
-        return 0;
-    }
+    int kind = fk_proc_kind(field);
+    if (kind >= 0) return fk_parse_procs(&d->procs[kind], &d->nproc[kind], val);
     if (strcmp(field, "process_util") == 0) {
         free(d->putil);
         d->putil = calloc((size_t)(n ? n : 1), sizeof(fk_putil));
@@ -508,6 +575,62 @@ static int fk_set_dev_field(fk_dev *d, const char *field, const char *val) {
         }
     free(buf);
     return r == 1 ? -2 : r;
+}
+
+/* Parses a non-negative decimal index (digits only) below `limit`, ending at `stop`. */
+static int fk_parse_index(const char *p, char stop, int limit, const char **next) {
+    if (*p < '0' || *p > '9') return -1;
+    char *end;
+    long v = strtol(p, &end, 10);
+    if (*end != stop || v >= limit) return -1;
+    *next = end;
+    return (int)v;
+}
+
+/* A "mig.N.I.<field> = value" line (`key` is what follows "mig."); creates instance I of GPU N
+ * with its defaults on its first line. Returns 0, or -1 for a malformed line. */
+static int fk_parse_mig_line(fk_scenario *s, const char *key, const char *val) {
+    const char *p;
+    int n = fk_parse_index(key, '.', FK_MAX_GPUS, &p);
+    if (n < 0) return -1;
+    int i = fk_parse_index(p + 1, '.', FK_MAX_MIG, &p);
+    if (i < 0) return -1;
+    const char *field = p + 1;
+    fk_mig *m = &s->dev[n].mig[i];
+    if (!m->present) {
+        m->present = 1;
+        snprintf(m->uuid, sizeof m->uuid, "MIG-%08x-%04x-4000-8000-000000000000", (unsigned)n,
+                 (unsigned)i);
+        for (int f = 0; f < 3; f++) m->mem[f].nseg = 1;
+        m->mem[F_MEM_TOTAL].seg[0].base = 10737418240.0; /* 10 GiB; used and reserved 0 */
+        m->gi = (unsigned int)i + 1;
+        m->ci = 0;
+    }
+    if (strcmp(field, "name") == 0) {
+        snprintf(m->name, sizeof m->name, "%s", val);
+        m->has_name = 1;
+        return 0;
+    }
+    if (strcmp(field, "uuid") == 0) {
+        snprintf(m->uuid, sizeof m->uuid, "%s", val);
+        return 0;
+    }
+    if (strcmp(field, "gi") == 0 || strcmp(field, "ci") == 0) {
+        char *end;
+        if (*val < '0' || *val > '9') return -1;
+        unsigned long v = strtoul(val, &end, 0);
+        if (*end || v > 0xFFFFFFFFUL) return -1;
+        *(field[0] == 'g' ? &m->gi : &m->ci) = (unsigned int)v;
+        return 0;
+    }
+    char *buf = strdup(val); /* the parsers cut their copy into tokens */
+    if (!buf) return -1;
+    int r = -1, kind = fk_proc_kind(field);
+    if (kind >= 0) r = fk_parse_procs(&m->procs[kind], &m->nproc[kind], buf);
+    for (int f = F_MEM_TOTAL; kind < 0 && f <= F_MEM_RESERVED; f++)
+        if (strcmp(field, fk_field_names[f]) == 0) r = fk_parse_value(buf, &m->mem[f]);
+    free(buf);
+    return r;
 }
 
 static int fk_parse_rule(fk_scenario *s, int fail, char *target, char *val) {
@@ -624,6 +747,8 @@ static fk_scenario *fk_parse_file(const char *path) {
                 }
             }
             for (int i = lo; i <= hi && !bad; i++) bad = fk_set_dev_field(&s->dev[i], dot + 1, val) != 0;
+        } else if (strncmp(key, "mig.", 4) == 0) {
+            bad = fk_parse_mig_line(s, key + 4, val) != 0;
         } else if (strncmp(key, "fail.", 5) == 0) {
             bad = fk_parse_rule(s, 1, key + 5, val) != 0;
         } else if (strncmp(key, "delay.", 6) == 0) {
@@ -640,6 +765,13 @@ static fk_scenario *fk_parse_file(const char *path) {
         fk_free_scenario(s);
         return NULL;
     }
+    /* Default MIG names follow the parent's final name, whichever line came first. */
+    for (int i = 0; i < FK_MAX_GPUS; i++)
+        for (int m = 0; m < FK_MAX_MIG; m++) {
+            fk_mig *g = &s->dev[i].mig[m];
+            if (g->present && !g->has_name)
+                snprintf(g->name, sizeof g->name, "%s MIG", s->dev[i].name);
+        }
     return s;
 }
 
@@ -734,24 +866,56 @@ static nvmlReturn_t fk_enter(int sym, int dev, int need_init) {
     return (nvmlReturn_t)code;
 }
 
-static int fk_dev_index(nvmlDevice_t device) {
-    if (device < fk_handles || device >= fk_handles + FK_MAX_GPUS) return -1;
-    return (int)(device - fk_handles);
+/* GPU index of a handle (a MIG device's parent), or -1 when it is not one of ours; *mig is
+ * the MIG device index, or -1 for a GPU handle. */
+static int fk_dev_index(nvmlDevice_t device, int *mig) {
+    *mig = -1;
+    if (device >= fk_handles && device < fk_handles + FK_MAX_GPUS)
+        return (int)(device - fk_handles);
+    const struct nvmlDevice_st *first = &fk_mig_handles[0][0];
+    if (device < first || device >= first + FK_MAX_GPUS * FK_MAX_MIG) return -1;
+    int k = (int)(device - first);
+    *mig = k % FK_MAX_MIG;
+    return k / FK_MAX_MIG;
 }
 
-/* Device call prologue: validates the handle, counts, applies rules, then locks fk_mu and
- * binds `d` to the device. Every path after it must unlock. */
-#define DEV_ENTER(name)                                                          \
-    int idx_ = fk_dev_index(device);                                             \
+/* The MIG device behind a handle, while it exists: declared, its parent present and in MIG
+ * mode. Caller holds fk_mu. */
+static const fk_mig *fk_live_mig(int idx, int mig) {
+    if (!S || idx >= S->ndev || mig < 0) return NULL;
+    const fk_dev *d = &S->dev[idx];
+    return d->mig[mig].present && fk_mig_on(d) ? &d->mig[mig] : NULL;
+}
+
+/* Device call prologue for functions that take GPU and MIG handles (`handle`): validates
+ * it, counts the call and applies rules under the GPU index (a MIG device's parent), then
+ * locks fk_mu and binds `d` to the GPU (the parent) and `m` to the MIG device (NULL for a GPU
+ * handle). A MIG handle whose device is gone (a reload removed it, or MIG mode is off) gives
+ * NOT_FOUND. Every path after it must unlock. */
+#define DEV_ENTER_OF(name, handle)                                               \
+    int mig_;                                                                    \
+    int idx_ = fk_dev_index(handle, &mig_);                                      \
     nvmlReturn_t rc_ = fk_enter(SYM_##name, idx_ < 0 ? -1 : idx_, 1);            \
     if (rc_ != NVML_SUCCESS) return rc_;                                         \
     if (idx_ < 0) return NVML_ERROR_INVALID_ARGUMENT;                            \
     pthread_mutex_lock(&fk_mu);                                                  \
-    if (!S || idx_ >= S->ndev) {                                                 \
+    const fk_mig *m = fk_live_mig(idx_, mig_);                                   \
+    if (!S || idx_ >= S->ndev || (mig_ >= 0 && !m)) {                            \
         pthread_mutex_unlock(&fk_mu);                                            \
-        return NVML_ERROR_INVALID_ARGUMENT;                                      \
+        return mig_ >= 0 ? NVML_ERROR_NOT_FOUND : NVML_ERROR_INVALID_ARGUMENT;   \
     }                                                                            \
     const fk_dev *d = &S->dev[idx_];
+
+#define DEV_ENTER_ANY(name) DEV_ENTER_OF(name, device)
+
+/* Prologue for the GPU-only functions: as DEV_ENTER_ANY, and a (live) MIG handle gives
+ * NOT_SUPPORTED, as NVML does for queries that have no per-instance value. */
+#define DEV_ENTER(name)                                                          \
+    DEV_ENTER_ANY(name)                                                          \
+    if (m) {                                                                     \
+        pthread_mutex_unlock(&fk_mu);                                            \
+        return NVML_ERROR_NOT_SUPPORTED;                                         \
+    }
 
 #define DEV_RETURN(rc)              \
     do {                            \
@@ -793,7 +957,10 @@ static nvmlReturn_t fk_init(int sym) {
     if (rc != NVML_SUCCESS) return rc;
     pthread_mutex_lock(&fk_mu);
     fk_init_refs++;
-    for (int i = 0; i < FK_MAX_GPUS; i++) fk_handles[i].index = i;
+    for (int i = 0; i < FK_MAX_GPUS; i++) {
+        fk_handles[i] = (struct nvmlDevice_st){i, -1};
+        for (int m = 0; m < FK_MAX_MIG; m++) fk_mig_handles[i][m] = (struct nvmlDevice_st){i, m};
+    }
     pthread_mutex_unlock(&fk_mu);
     return NVML_SUCCESS;
 }
@@ -917,13 +1084,13 @@ EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
-    DEV_ENTER(nvmlDeviceGetName)
-    DEV_RETURN(fk_copy_str(name, length, d->name));
+    DEV_ENTER_ANY(nvmlDeviceGetName)
+    DEV_RETURN(fk_copy_str(name, length, m ? m->name : d->name));
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
-    DEV_ENTER(nvmlDeviceGetUUID)
-    DEV_RETURN(fk_copy_str(uuid, length, d->uuid));
+    DEV_ENTER_ANY(nvmlDeviceGetUUID)
+    DEV_RETURN(fk_copy_str(uuid, length, m ? m->uuid : d->uuid));
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
@@ -945,11 +1112,23 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *
     DEV_RETURN(NVML_SUCCESS);
 }
 
+/* Memory of a GPU or MIG device now: total, used (including reserved) and reserved, with
+ * used <= total and reserved <= used. */
+static void fk_memory(const fk_dev *d, const fk_mig *m, unsigned long long *total,
+                      unsigned long long *used, unsigned long long *reserved) {
+    const fk_value *f = m ? m->mem : d->f; /* both indexed by F_MEM_TOTAL.. F_MEM_RESERVED */
+    *total = fk_u64v(&f[F_MEM_TOTAL]);
+    *used = fk_u64v(&f[F_MEM_USED]);
+    *reserved = fk_u64v(&f[F_MEM_RESERVED]);
+    if (*used > *total) *used = *total;
+    if (*reserved > *used) *reserved = *used;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
-    DEV_ENTER(nvmlDeviceGetMemoryInfo)
+    DEV_ENTER_ANY(nvmlDeviceGetMemoryInfo)
     if (!memory) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
-    unsigned long long total = fk_u64(d, F_MEM_TOTAL), used = fk_u64(d, F_MEM_USED);
-    if (used > total) used = total;
+    unsigned long long total, used, reserved;
+    fk_memory(d, m, &total, &used, &reserved);
     memory->total = total;
     memory->used = used;
     memory->free = total - used;
@@ -957,13 +1136,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
-    DEV_ENTER(nvmlDeviceGetMemoryInfo_v2)
+    DEV_ENTER_ANY(nvmlDeviceGetMemoryInfo_v2)
     if (!memory) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
     if (memory->version != nvmlMemory_v2) DEV_RETURN(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
-    unsigned long long total = fk_u64(d, F_MEM_TOTAL), used = fk_u64(d, F_MEM_USED);
-    unsigned long long reserved = fk_u64(d, F_MEM_RESERVED);
-    if (used > total) used = total;
-    if (reserved > used) reserved = used;
+    unsigned long long total, used, reserved;
+    fk_memory(d, m, &total, &used, &reserved);
     memory->total = total;
     memory->reserved = reserved;
     memory->used = used - reserved; /* v2 "used" excludes the reserved part */
@@ -974,6 +1151,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
 EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
                                                   nvmlUtilization_t *utilization) {
     DEV_ENTER(nvmlDeviceGetUtilizationRates)
+    if (fk_mig_on(d)) DEV_RETURN(NVML_ERROR_NOT_SUPPORTED); /* no whole-GPU value in MIG mode */
     if (!utilization) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
     utilization->gpu = fk_u32(d, F_UTIL_GPU);
     utilization->memory = fk_u32(d, F_UTIL_MEM);
@@ -1085,45 +1263,70 @@ EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
     DEV_RETURN(NVML_SUCCESS);
 }
 
-static nvmlReturn_t fk_running_processes(const fk_dev *d, int kind, unsigned int *infoCount,
-                                         nvmlProcessInfo_t *infos) {
+/* One source of process entries: a GPU's list, or a MIG device's (with its ids). */
+typedef struct {
+    const fk_proc *procs;
+    int n;
+    unsigned int gi, ci;
+} fk_plist;
+
+/* The v3 two-call protocol over the process list `kind` of a GPU outside MIG mode (ids
+ * FK_NO_INSTANCE), of a MIG device, or of a GPU in MIG mode (its MIG devices' lists, in
+ * index order: NVML's aggregate view; the GPU's own list is not used then). */
+static nvmlReturn_t fk_running_processes(const fk_dev *d, const fk_mig *m, int kind,
+                                         unsigned int *infoCount, nvmlProcessInfo_t *infos) {
     if (!infoCount) return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned int n = (unsigned int)d->nproc[kind], cap = *infoCount;
+    fk_plist lists[FK_MAX_MIG];
+    int nl = 0;
+    if (m) {
+        lists[nl++] = (fk_plist){m->procs[kind], m->nproc[kind], m->gi, m->ci};
+    } else if (fk_mig_on(d)) {
+        for (int i = 0; i < FK_MAX_MIG; i++)
+            if (d->mig[i].present)
+                lists[nl++] = (fk_plist){d->mig[i].procs[kind], d->mig[i].nproc[kind],
+                                         d->mig[i].gi, d->mig[i].ci};
+    } else {
+        lists[nl++] = (fk_plist){d->procs[kind], d->nproc[kind], FK_NO_INSTANCE, FK_NO_INSTANCE};
+    }
+    unsigned int n = 0, cap = *infoCount;
+    for (int l = 0; l < nl; l++) n += (unsigned int)lists[l].n;
     *infoCount = n;
     if (n == 0) return NVML_SUCCESS;
     if (!infos || cap < n) return NVML_ERROR_INSUFFICIENT_SIZE;
     double rel = fk_now() - S->t0;
-    for (unsigned int i = 0; i < n; i++) {
-        const fk_proc *p = &d->procs[kind][i];
-        double used = p->used.base + p->used.slope * rel;
-        infos[i].pid = p->pid;
-        infos[i].usedGpuMemory = p->na ? FK_NOT_AVAILABLE
-                                       : (used > 0 ? (unsigned long long)(used + 0.5) : 0);
-        infos[i].gpuInstanceId = 0xFFFFFFFFU;
-        infos[i].computeInstanceId = 0xFFFFFFFFU;
-    }
+    unsigned int out = 0;
+    for (int l = 0; l < nl; l++)
+        for (int i = 0; i < lists[l].n; i++, out++) {
+            const fk_proc *p = &lists[l].procs[i];
+            double used = p->used.base + p->used.slope * rel;
+            infos[out].pid = p->pid;
+            infos[out].usedGpuMemory = p->na ? FK_NOT_AVAILABLE
+                                             : (used > 0 ? (unsigned long long)(used + 0.5) : 0);
+            infos[out].gpuInstanceId = lists[l].gi;
+            infos[out].computeInstanceId = lists[l].ci;
+        }
     return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
                                                             unsigned int *infoCount,
                                                             nvmlProcessInfo_t *infos) {
-    DEV_ENTER(nvmlDeviceGetComputeRunningProcesses_v3)
-    DEV_RETURN(fk_running_processes(d, 0, infoCount, infos));
+    DEV_ENTER_ANY(nvmlDeviceGetComputeRunningProcesses_v3)
+    DEV_RETURN(fk_running_processes(d, m, 0, infoCount, infos));
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device,
                                                              unsigned int *infoCount,
                                                              nvmlProcessInfo_t *infos) {
-    DEV_ENTER(nvmlDeviceGetGraphicsRunningProcesses_v3)
-    DEV_RETURN(fk_running_processes(d, 1, infoCount, infos));
+    DEV_ENTER_ANY(nvmlDeviceGetGraphicsRunningProcesses_v3)
+    DEV_RETURN(fk_running_processes(d, m, 1, infoCount, infos));
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device,
                                                                unsigned int *infoCount,
                                                                nvmlProcessInfo_t *infos) {
-    DEV_ENTER(nvmlDeviceGetMPSComputeRunningProcesses_v3)
-    DEV_RETURN(fk_running_processes(d, 2, infoCount, infos));
+    DEV_ENTER_ANY(nvmlDeviceGetMPSComputeRunningProcesses_v3)
+    DEV_RETURN(fk_running_processes(d, m, 2, infoCount, infos));
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
@@ -1131,6 +1334,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
                                                     unsigned int *processSamplesCount,
                                                     unsigned long long lastSeenTimeStamp) {
     DEV_ENTER(nvmlDeviceGetProcessUtilization)
+    if (fk_mig_on(d)) DEV_RETURN(NVML_ERROR_NOT_SUPPORTED); /* no per-process samples in MIG mode */
     if (!processSamplesCount) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
     unsigned long long period = fk_u64(d, F_PUTIL_PERIOD) * 1000ULL;
     if (period == 0) period = 1;
@@ -1153,6 +1357,58 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
         utilization[i].encUtil = u->enc;
         utilization[i].decUtil = u->dec;
     }
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+/* ----------------------------------- NVML: MIG ----------------------------------- */
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    DEV_ENTER_ANY(nvmlDeviceGetMaxMigDeviceCount)
+    if (m || !count) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *count = fk_mig_on(d) ? FK_MAX_MIG : 0;
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                        nvmlDevice_t *migDevice) {
+    DEV_ENTER_ANY(nvmlDeviceGetMigDeviceHandleByIndex)
+    if (m || !migDevice || !fk_mig_on(d) || index >= FK_MAX_MIG)
+        DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (!d->mig[index].present) DEV_RETURN(NVML_ERROR_NOT_FOUND);
+    *migDevice = &fk_mig_handles[idx_][index];
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice) {
+    DEV_ENTER_ANY(nvmlDeviceIsMigDeviceHandle)
+    (void)d;
+    if (!isMigDevice) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *isMigDevice = m != NULL;
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice,
+                                                                 nvmlDevice_t *device) {
+    DEV_ENTER_OF(nvmlDeviceGetDeviceHandleFromMigDeviceHandle, migDevice)
+    (void)d;
+    if (!m || !device) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *device = &fk_handles[idx_];
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    DEV_ENTER_ANY(nvmlDeviceGetGpuInstanceId)
+    (void)d;
+    if (!m || !id) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *id = m->gi;
+    DEV_RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    DEV_ENTER_ANY(nvmlDeviceGetComputeInstanceId)
+    (void)d;
+    if (!m || !id) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *id = m->ci;
     DEV_RETURN(NVML_SUCCESS);
 }
 
