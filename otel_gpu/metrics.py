@@ -349,6 +349,17 @@ INSTRUMENTS: tuple[Instrument, ...] = (
 )
 
 
+_pid = os.getpid()  # this process's PID, kept current across forks without a syscall per call
+
+
+def _after_fork_in_child() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def register(
     meter: Meter,
     latest: Callable[[], Snapshot | None],
@@ -366,7 +377,7 @@ def _create(
     meter: Meter, spec: Instrument, latest: Callable[[], Snapshot | None], owner: int
 ) -> Any:
     def callback(options: CallbackOptions) -> Iterable[Observation]:
-        if os.getpid() != owner:  # forked child (DataLoader worker): the parent reports
+        if _pid != owner:  # forked child (DataLoader worker): the parent reports
             return []
         snap = latest()
         if snap is None:
