@@ -64,8 +64,8 @@ class NvmlSource:
     ) -> None:
         """``call_timeout_s``: deadline of one NVML call; ``sweep_timeout_s`` (default twice
         that): the most :meth:`sample` ever waits. ``slow_period_s``: how often the rarely
-        changing metrics (``nvml_api.SLOW``) are read again. ``library_path``: load this libnvidia-ml by
-        absolute path instead of the loader's search. ``visible_devices``: a
+        changing metrics (``nvml_api.SLOW``) are read again. ``library_path``: load this
+        libnvidia-ml by absolute path instead of the loader's search. ``visible_devices``: a
         ``CUDA_VISIBLE_DEVICES`` value selecting the job's GPUs (None: all). ``clock`` drives
         the retry schedules (init backoff, lost-GPU probes) and the slow metrics, for tests."""
         self._guard = CallGuard(call_timeout_s, sweep_timeout_s or 2 * call_timeout_s)
