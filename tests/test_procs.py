@@ -502,7 +502,7 @@ def _sample_as_nobody(pid: int) -> dict:
                 except PermissionError:
                     denied[what] = True
             sample = by_pid(ProcessTree([pid]).sample())[pid]
-            out = {"denied": denied, **{k: getattr(sample, k) for k in sample.__slots__}}
+            out = {"denied": denied, **sample._asdict()}
         except BaseException as exc:
             out = {"error": repr(exc)}
         os.write(write_end, json.dumps(out).encode())

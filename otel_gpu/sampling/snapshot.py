@@ -1,5 +1,4 @@
-"""The records that one sampler sweep produces (immutable by convention: never mutated once
-published).
+"""The immutable records that one sampler sweep produces.
 
 Every field that NVML or /proc could not provide is ``None`` ("unknown"); readers skip it and
 never report it as 0. Units are converted here, at the edge: bytes, watts, joules, degrees
@@ -9,6 +8,7 @@ Celsius, hertz, fractions 0..1.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # hw.status states (semconv hw.state values we use).
 STATUS_OK = "ok"
@@ -16,8 +16,12 @@ STATUS_DEGRADED = "degraded"
 STATUS_FAILED = "failed"
 
 
-# The per-sweep records are plain slotted dataclasses: a frozen one costs about 4x as much to
-# build, and a sweep builds one per GPU and per process. Readers treat them as immutable.
+# The per-process records, built by the dozen each sweep, are named tuples of plain values:
+# immutable, as cheap to build as a slotted class (a frozen dataclass costs 4x), and untracked
+# by the garbage collector once it has seen them, so the records a sweep keeps alive for one
+# interval do not make the collector's full passes more frequent or longer in the process the
+# agent runs in. GpuSample (one per GPU) is a slotted dataclass: its ``index`` field would
+# shadow ``tuple.index``.
 
 
 @dataclass(slots=True)
@@ -54,8 +58,7 @@ class GpuSample:
     processes_listed: bool | None = None
 
 
-@dataclass(slots=True)
-class GpuProcessSample:
+class GpuProcessSample(NamedTuple):
     """One process as NVML lists it on one GPU (host PID namespace)."""
 
     pid: int  # host PID as NVML reports it
@@ -65,8 +68,7 @@ class GpuProcessSample:
     mem_util: float | None = None  # 0..1
 
 
-@dataclass(slots=True)
-class ProcessSample:
+class ProcessSample(NamedTuple):
     """One OS process of the watched tree (or a GPU process NVML lists), from /proc."""
 
     pid: int  # PID in the agent's /proc (the host PID when the agent sees the host's PIDs)
