@@ -239,6 +239,32 @@ def test_slow_metrics_are_read_once_per_period_and_reported_in_between(fake_nvml
     assert fake_nvml.call_count("nvmlDeviceGetPcieThroughput", gpu=0) == 4
 
 
+def test_video_engines_are_read_every_sweep_only_while_busy(fake_nvml: FakeNvml):
+    """Encoder/decoder utilization, idle in training: read with the slow metrics while idle
+    (reported as the last read in between), every sweep once busy, slow again when idle."""
+    fake_nvml.append("gpu.0.util.encoder = steps 0:0 1:40 2:0")
+    clock = ManualClock()
+    src = fake_nvml.source(clock=clock, slow_period_s=10.0)
+    assert by_index(src.sample([]))[0].util_encoder == 0.0
+    clock.now += 1.0
+    assert by_index(src.sample([]))[0].util_encoder == 0.0  # not read: the last value
+    assert fake_nvml.call_count("nvmlDeviceGetEncoderUtilization", gpu=0) == 1
+    time.sleep(max(0.0, 1.05 - (time.time() - fake_nvml.t0)))  # the encoder gets busy
+    clock.now += 1.0
+    assert by_index(src.sample([]))[0].util_encoder == 0.0  # not due yet
+    clock.now += 8.0
+    assert by_index(src.sample([]))[0].util_encoder == 0.4  # the slow read sees it busy
+    clock.now += 1.0
+    assert by_index(src.sample([]))[0].util_encoder == 0.4
+    assert fake_nvml.call_count("nvmlDeviceGetEncoderUtilization", gpu=0) == 3  # every sweep
+    time.sleep(max(0.0, 2.05 - (time.time() - fake_nvml.t0)))  # idle again
+    clock.now += 1.0
+    assert by_index(src.sample([]))[0].util_encoder == 0.0
+    clock.now += 1.0
+    src.sample([])
+    assert fake_nvml.call_count("nvmlDeviceGetEncoderUtilization", gpu=0) == 4  # slow again
+
+
 def test_intermittent_timeout_is_unknown_for_that_sweep_and_logged_once(fake_nvml, caplog):
     fake_nvml.append("fail.nvmlDeviceGetUtilizationRates.0 = TIMEOUT after=1 until=4")
     caplog.set_level(logging.INFO, logger="otel_gpu.nvml")

@@ -457,13 +457,18 @@ class NvmlSource:
         for metric, name, fn, args, conv in api.SCALARS:
             if metric not in off and fn is not None:
                 slow = metric in api.SLOW
-                if slow and not slow_due:
+                if slow and not (slow_due or metric in dev.active_lists):
                     continue
                 v = call(dev, metric, fn, h, *args)
                 if v is not api.FAILED:
-                    out[name] = conv(v)
+                    out[name] = value = conv(v)
                     if slow:
-                        dev.slow_values[name] = out[name]
+                        dev.slow_values[name] = value
+                        if metric in api.IDLE_ENGINES:  # in use: read every sweep
+                            if value:
+                                dev.active_lists.add(metric)
+                            else:
+                                dev.active_lists.discard(metric)
         if dev.xid_count is not None:
             out["xid_errors"] = dev.xid_count
         out["processes_listed"] = False

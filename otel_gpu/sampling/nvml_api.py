@@ -113,7 +113,12 @@ SCALARS: tuple[tuple[str, str, Callable[..., Any] | None, tuple[int, ...], Calla
 # changes only when an administrator sets it, ECC counts and the MIG mode almost never, and
 # nvmlDeviceGetPcieThroughput blocks ~20 ms per call on real GPUs (it measures over a 20 ms
 # window). Xid events, which report uncorrectable memory errors at once, are polled every sweep.
-SLOW = frozenset({"power_limit", "ecc_corrected", "ecc_uncorrected", "pcie_tx", "pcie_rx", "mig"})
+# The video engines (IDLE_ENGINES) idle through training and LLM serving: while idle they are
+# read with the slow metrics, once busy every sweep until idle again.
+IDLE_ENGINES = frozenset({"encoder", "decoder"})
+SLOW = frozenset(
+    {"power_limit", "ecc_corrected", "ecc_uncorrected", "pcie_tx", "pcie_rx", "mig"} | IDLE_ENGINES
+)
 SLOW_PERIOD_S = 10.0
 # Alternatives, newest first: (metric, pynvml function, extra args); the first supported wins.
 Alternatives = tuple[tuple[str, Callable[..., Any] | None, tuple[Any, ...]], ...]
@@ -233,8 +238,9 @@ class Device:
     util_at: float = 0.0  # time.monotonic() when util_last was read
     slow_at: float = float("-inf")  # when the SLOW metrics are due again (NvmlSource clock)
     slow_values: dict[str, Any] = field(default_factory=dict)  # their last values
-    # Graphics / MPS process lists seen non-empty: read every sweep until empty again (others
-    # are asked with the slow metrics only: most GPUs that train have none).
+    # Graphics / MPS process lists seen non-empty and video engines seen busy: read every sweep
+    # until empty or idle again (otherwise with the slow metrics: most GPUs that train have
+    # none of them).
     active_lists: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
