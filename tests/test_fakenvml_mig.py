@@ -403,12 +403,8 @@ def test_malformed_mig_lines_are_rejected(fake_nvml: FakeNvml, good: str, bad: s
 
 def test_child_process_enumerates_mig_devices_by_name(fake_nvml: FakeNvml):
     """The same through pynvml's own CDLL("libnvidia-ml.so.1") in a child process."""
-    import subprocess
-    import sys
-    import textwrap
-
     fake_nvml.write("devices = 2\ngpu.1.mig = 1\nmig.1.5.name = Fake MIG 1g.10gb")
-    code = textwrap.dedent(
+    printed = fake_nvml.run_python(
         """
         import pynvml
         pynvml.nvmlInit()
@@ -418,14 +414,6 @@ def test_child_process_enumerates_mig_devices_by_name(fake_nvml: FakeNvml):
         pynvml.nvmlShutdown()
         """
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env=fake_nvml.env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["7", "MIG-00000001-0005-4000-8000-000000000000"]
+    assert printed == ["7", "MIG-00000001-0005-4000-8000-000000000000"]
     assert fake_nvml.child_stats()[("nvmlDeviceGetMigDeviceHandleByIndex", 1)] == 1
     assert fake_nvml.child_stats()[("nvmlDeviceGetUUID", 1)] == 1

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
+import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -80,6 +82,19 @@ class FakeNvml:
         env["FAKE_NVML_SCENARIO"] = str(self.scenario_path)
         env["FAKE_NVML_STATS"] = str(self.stats_path)
         return env
+
+    def run_python(self, code: str) -> list[str]:
+        """Run ``code`` in a child Python whose pynvml loads the fake by name (through
+        ``env()``); the words it printed. Fails the test if the child fails."""
+        out = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
 
     def child_stats(self) -> dict[tuple[str, int], int]:
         """Call counts a child process wrote at its last nvmlShutdown / exit:
