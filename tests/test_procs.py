@@ -534,3 +534,64 @@ def test_process_of_another_user_is_sampled_with_what_is_readable() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_discovery_scan_skipped_while_no_process_was_created(proc: FakeProc) -> None:
+    """When loadavg's newest PID has not moved since the last scan, nothing new can be in the
+    tree: the scan is skipped (open files are still recounted). Once it moves, the next due
+    scan finds the new process."""
+    clock = Clock()
+    (proc.root / "loadavg").write_text("0.50 0.40 0.30 1/120 500\n")
+    proc.add(100, fds=("/dev/null",))
+    tree = ProcessTree(
+        [100],
+        proc_root=str(proc.root),
+        agent_proc_root=str(proc.root),  # loadavg speaks for this namespace
+        clock=clock,
+        discovery_period_s=5.0,
+    )
+    assert list(by_pid(tree.sample())) == [100]
+    # A process appears without the newest PID moving: impossible on a real kernel, which is
+    # what shows that the scan was skipped.
+    proc.add(101, ppid=100)
+    proc.add(100, fds=("/dev/null", "pipe:[1]"))
+    clock.t += 5
+    procs = by_pid(tree.sample())
+    assert list(procs) == [100] and procs[100].fd_count == 2  # no scan; fds still recounted
+    (proc.root / "loadavg").write_text("0.50 0.40 0.30 1/121 501\n")
+    clock.t += 1
+    assert list(by_pid(tree.sample())) == [100]  # not due yet
+    clock.t += 4
+    assert list(by_pid(tree.sample())) == [100, 101]
+
+
+def test_real_new_child_is_found_at_the_next_discovery(spawned: list[subprocess.Popen]) -> None:
+    """On the real /proc a fork moves loadavg's newest PID, so a child started after the first
+    scan is found within the discovery period."""
+    code = (
+        "import subprocess, sys, time\n"
+        "sys.stdin.readline()\n"
+        "kid = subprocess.Popen(['sleep', '60'])\n"
+        "print(kid.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    spawned.append(parent)
+    tree = ProcessTree([parent.pid], discovery_period_s=0.3)
+    assert list(by_pid(tree.sample())) == [parent.pid]
+    time.sleep(0.35)
+    assert list(by_pid(tree.sample())) == [parent.pid]  # a due scan, skipped or not: no child
+    assert parent.stdin is not None and parent.stdout is not None
+    parent.stdin.write("go\n")
+    parent.stdin.flush()
+    kid = int(parent.stdout.readline())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and kid not in by_pid(tree.sample()):
+        time.sleep(0.05)
+    assert kid in by_pid(tree.sample())

@@ -142,6 +142,13 @@ class ProcessTree:
         # a 1 s sampler on a busy host does not pay for the whole host every second.
         self.discovery_period_s = discovery_period_s
         self._last_scan = -math.inf
+        self._scan_newest: bytes | None = None  # loadavg's newest PID when we last scanned
+        # loadavg describes the reader's own PID namespace: usable only when proc_root is it.
+        self._loadavg = (
+            f"{proc_root}/loadavg"
+            if os.path.realpath(proc_root) == os.path.realpath(agent_proc_root)
+            else None
+        )
         self.set_roots(root_pids)
 
     # -- public API -------------------------------------------------------------------------
@@ -196,15 +203,21 @@ class ProcessTree:
         """Read the tree (and the GPU processes NVML listed, by host PID) once."""
         now = self._clock()
         gpu_pids = list(dict.fromkeys(gpu_pids))
-        scanned = (
+        due = (
             self._reset
             or now - self._last_scan >= self.discovery_period_s
             or not self.sees_host_pids()
         )
-        if scanned:
-            stats = self._scan()
+        stats = None
+        if due:
             self._last_scan = now
-        else:
+            # No process or thread created in this PID namespace since the last scan (the
+            # newest PID in loadavg is unchanged): no new descendant can exist, skip the scan.
+            newest = self._newest_pid()
+            if newest is None or newest != self._scan_newest or self._reset:
+                stats = self._scan()
+                self._scan_newest = newest
+        if stats is None:
             stats = self._read_known(gpu_pids)
         with self._lock:
             roots = [
@@ -229,14 +242,14 @@ class ProcessTree:
         member_set = set(members)
         samples = []
         for pid in chosen:
-            sample = self._sample_one(pid, stats[pid], now, pid in member_set, scanned)
+            sample = self._sample_one(pid, stats[pid], now, pid in member_set, due)
             if sample is not None:
                 samples.append(sample)
 
         self._members = {(p, stats[p].starttime) for p in members}
         self._tracked = {(s.pid, stats[s.pid].starttime) for s in samples}
         self._job_pids = members
-        if scanned or len(self._static) > len(samples) or len(self._cpu_prev) > len(samples):
+        if due or len(self._static) > len(samples) or len(self._cpu_prev) > len(samples):
             self._prune({(pid, st.starttime) for pid, st in stats.items()})
         return ProcessReading(tuple(samples), dropped, tuple(unmapped), host_to_local)
 
@@ -255,6 +268,20 @@ class ProcessTree:
                 if st is not None:
                     stats[pid] = st
         return stats
+
+    def _newest_pid(self) -> bytes | None:
+        """The most recently created PID of this namespace (last field of loadavg), if known."""
+        if self._loadavg is None or not self.sees_host_pids():
+            return None
+        try:
+            fd = os.open(self._loadavg, os.O_RDONLY)
+            try:
+                fields = os.read(fd, 256).split()
+            finally:
+                os.close(fd)
+        except OSError:
+            return None
+        return fields[-1] if len(fields) == 5 else None
 
     def _read_known(self, gpu_pids: list[int]) -> dict[int, ProcStat]:
         """Stats of the tree as last seen, the roots and the GPU processes only."""
@@ -380,8 +407,8 @@ class ProcessTree:
                 pid, static.vpid, st.ppid, static.executable_name, static.command, static.owner,
                 static.create_time, None, None, None, None, None, in_tree,
             )  # fmt: skip
-        # Open files change slowly: counted when the tree is scanned (at most
-        # discovery_period_s apart) and for processes new to the sample.
+        # Open files change slowly: counted once per discovery period and for processes new
+        # to the sample.
         if refresh_fds or key not in self._fds:
             try:
                 fd_dir = f"{self.proc_root}/{pid}/fd"
