@@ -603,3 +603,41 @@ def _snap(src):
 
     reading = src.sample([])
     return Snapshot(time=time.time(), gpus=reading.gpus, gpu_processes=reading.gpu_processes)
+
+
+def test_mig_reconfiguration_is_followed_without_a_restart(fake_nvml: FakeNvml, caplog):
+    """MIG turned on (seen with the slow metrics), a MIG device destroyed (its calls answer
+    NOT_FOUND), MIG turned off again: the device list follows, and the GPU keeps its state."""
+    caplog.set_level(logging.INFO, logger="otel_gpu.nvml")
+    mig0 = "MIG-00000000-0000-4000-8000-000000000000"
+    mig1 = "MIG-00000000-0001-4000-8000-000000000000"
+    fake_nvml.write(
+        """
+        devices = 1
+        gpu.0.processes = 100:500
+        mig.0.0.processes = 4242:1000
+        mig.0.1.memory.used = 7
+        """
+    )
+    clock = ManualClock()
+    src = fake_nvml.source(clock=clock, slow_period_s=10.0)
+
+    def uuids():
+        clock.now += 10.0  # every sweep is a slow one
+        reading = src.sample([])
+        return [g.uuid for g in reading.gpus], sorted(p.pid for p in reading.gpu_processes)
+
+    assert uuids() == ([UUID.format(0)], [100])
+    fake_nvml.append("gpu.0.mig = 1")
+    assert uuids() == ([UUID.format(0)], [4242])  # seen this sweep, enumerated after it
+    assert uuids() == ([UUID.format(0), mig0, mig1], [4242])
+    fake_nvml.write(fake_nvml.text.replace("mig.0.1.memory.used = 7\n", ""))  # destroyed
+    uuids()  # its memory read answers NOT_FOUND: enumerate again
+    assert uuids() == ([UUID.format(0), mig0], [4242])
+    fake_nvml.append("gpu.0.mig = 0")
+    uuids()
+    gpus, procs = uuids()
+    assert gpus == [UUID.format(0)] and procs == [100]  # the GPU's own list is read again
+    assert by_index(src.sample([]))[0].util_gpu == 0.0  # utilization is back without MIG
+    assert sum("MIG configuration changed" in r.getMessage() for r in caplog.records) == 3
+    assert not any("failed" in r.getMessage() for r in caplog.records if r.levelno >= 30)

@@ -24,7 +24,7 @@ import ctypes
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pynvml
@@ -91,6 +91,7 @@ class NvmlSource:
         self._episodes: dict[tuple[int, str], int] = {}
         self._last_code: int | None = None
         self._xids_logged: set[tuple[int, int]] = set()
+        self._refresh_wanted = False  # a MIG reconfiguration was seen: enumerate again
 
     # -- public API --------------------------------------------------------------------------
 
@@ -108,7 +109,11 @@ class NvmlSource:
             if sweep.library_error is not None:
                 self._lose_library(sweep.library_error)
                 return DeviceReading(no_gpu_reason=self._no_gpu_reason)
-            return self._reading(sweep, None if finished else self._hung_key())
+            reading = self._reading(sweep, None if finished else self._hung_key())
+            if finished and self._refresh_wanted:  # read with the new devices from next sweep
+                self._refresh_wanted = False
+                self._guard.run(self._refresh_devices)
+            return reading
 
     def host_info(self) -> HostInfo:
         """Driver and CUDA versions, GPU count and models (initializing NVML if needed)."""
@@ -236,6 +241,9 @@ class NvmlSource:
             return  # no pending event
         if metric.startswith("mig_"):
             return  # MIG discovery probes: an error means "no MIG device there"
+        if dev is not None and dev.parent is not None and code == pynvml.NVML_ERROR_NOT_FOUND:
+            self._refresh_wanted = True  # this MIG device was destroyed
+            return
         name = api.ERROR_NAMES.get(code, str(code))
         where = f"GPU {dev.index} ({dev.uuid})" if dev is not None else "NVML"
         if dev is not None and code in api.UNSUPPORTED:
@@ -280,6 +288,23 @@ class NvmlSource:
         if count is api.FAILED or count == 0:
             return "NVML reports no GPU"
         found = self._enumerate(count)
+        self._select(found, count)
+        self._host = HostInfo(
+            driver_version=host[0],
+            cuda_driver_version=host[1],
+            gpu_count=count,
+            gpu_models=tuple(d.name or "unknown" for d in found if d is not None),
+        )
+        self._register_events()
+        self._episodes.clear()
+        return None
+
+    def _select(
+        self, found: list[Device | None], count: int, keep: Mapping[str, Device] | None = None
+    ) -> None:
+        """Choose the devices to read among ``found`` GPUs and their MIG devices; a device
+        already in ``keep`` (by UUID) keeps its object and state (counters, disabled metrics)."""
+        keep = keep or {}
         migs = [mig for dev in found if dev is not None for mig in self._enumerate_mig(dev)]
         everything = [*found, *migs]
         chosen, warnings = select_visible(
@@ -295,22 +320,38 @@ class NvmlSource:
             selected.append(dev)
             if i < len(found):  # a GPU in MIG mode: its MIG devices hold its memory and work
                 selected += [m for m in migs if m.parent == dev.uuid and m not in selected]
+        for i, dev in enumerate(selected):
+            kept = keep.get(dev.uuid)
+            if kept is not None and dev.parent is None and kept.mig_enabled != dev.mig_enabled:
+                kept.mig_enabled = dev.mig_enabled
+                kept.disabled.discard("processes")
+                kept.disabled |= dev.disabled & {"processes"}
+                if not dev.mig_enabled:  # what NVML lacks in MIG mode is back
+                    kept.disabled -= {"utilization", "process_util"}
+            selected[i] = kept or dev
         self._devices = selected
         self._selection_note = None
-        if not self._devices:
+        if not selected:
             self._selection_note = (
                 f"CUDA_VISIBLE_DEVICES={self._visible!r} selects none of the {count} GPUs"
             )
-        self._by_address = {d.address: d for d in self._devices if d.address is not None}
-        self._host = HostInfo(
-            driver_version=host[0],
-            cuda_driver_version=host[1],
-            gpu_count=count,
-            gpu_models=tuple(d.name or "unknown" for d in found if d is not None),
+        self._by_address = {d.address: d for d in selected if d.address is not None}
+
+    def _refresh_devices(self) -> None:
+        """Enumerate again after a MIG reconfiguration (MIG mode changed, or a MIG device is
+        gone); the GPUs keep their state, MIG devices come and go."""
+        count = self._call(None, "count", pynvml.nvmlDeviceGetCount)
+        if count is api.FAILED or not count:
+            return
+        before = {d.uuid for d in self._devices}
+        self._select(self._enumerate(count), count, keep={d.uuid: d for d in self._devices})
+        after = {d.uuid for d in self._devices}
+        log.info(
+            "MIG configuration changed: now reading %d device(s) (%d new, %d gone)",
+            len(after),
+            len(after - before),
+            len(before - after),
         )
-        self._register_events()
-        self._episodes.clear()
-        return None
 
     def _read_host(self, count: Any) -> tuple[str | None, str | None]:
         driver = self._call(None, "driver_version", pynvml.nvmlSystemGetDriverVersion)
@@ -350,7 +391,8 @@ class NvmlSource:
         memory and processes per MIG device, and the GPU's own process list is their
         aggregate: it is not read, so no process is counted twice."""
         mode = self._call(None, "mig_mode", pynvml.nvmlDeviceGetMigMode, gpu.handle)
-        if mode is api.FAILED or not mode[0]:
+        gpu.mig_enabled = None if mode is api.FAILED else bool(mode[0])
+        if not gpu.mig_enabled:
             return []
         most = self._call(None, "mig_count", pynvml.nvmlDeviceGetMaxMigDeviceCount, gpu.handle)
         found = []
@@ -464,6 +506,8 @@ class NvmlSource:
                     out[name] = value = conv(v)
                     if slow:
                         dev.slow_values[name] = value
+                        if metric == "mig" and dev.mig_enabled not in (None, value):
+                            self._refresh_wanted = True  # MIG turned on or off
                         if metric in api.IDLE_ENGINES:  # in use: read every sweep
                             if value:
                                 dev.active_lists.add(metric)

@@ -226,6 +226,7 @@ class Device:
     name: str | None
     address: int | None  # handle pointer value, to map events to devices
     parent: str | None = None  # a MIG device's parent GPU UUID
+    mig_enabled: bool | None = None  # a GPU's MIG mode when its MIG devices were enumerated
     key: int = -1  # unique among devices: the NVML index (the default), or for a MIG device
     # a number past every GPU index
     disabled: set[str] = field(default_factory=set)
