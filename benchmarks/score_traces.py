@@ -1,4 +1,5 @@
-"""Score the detection engine on labelled traces (default: ../shared/traces/dev).
+"""Score the detection engine on labelled traces (default: ../shared/traces/dev, else the copy
+in tests/data/dev_traces).
 
     python benchmarks/score_traces.py [DIR]
 
@@ -21,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def default_dir() -> Path:
-    return ROOT.parent / "shared" / "traces" / "dev"
+    """The team's shared dev traces beside the checkout, else the copy in tests/data."""
+    shared = ROOT.parent / "shared" / "traces" / "dev"
+    return shared if (shared / "labels.json").is_file() else ROOT / "tests" / "data" / "dev_traces"
 
 
 def score(directory: Path, config: DetectConfig | None = None) -> list[dict[str, object]]:
