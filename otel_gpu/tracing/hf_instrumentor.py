@@ -21,7 +21,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type:
 from opentelemetry.instrumentation.utils import unwrap
 
 from otel_gpu.tracing import context, progress
-from otel_gpu.tracing.run import guarded
+from otel_gpu.tracing.run import call_and_end, guarded
 from otel_gpu.tracing.settings import TracingSettings
 
 log = logging.getLogger("otel_gpu.tracing")
@@ -139,14 +139,9 @@ def _phase_wrapper(name: str) -> Callable[..., Any]:
         begun = _phase_begin(instance, name)
         if begun is None:  # not ours, a nested call, or it failed
             return wrapped(*args, **kwargs)
-        error: BaseException | None = None
-        try:
-            return wrapped(*args, **kwargs)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            _phase_end(instance, name, begun, error)
+        return call_and_end(
+            wrapped, args, kwargs, lambda error: _phase_end(instance, name, begun, error)
+        )
 
     return wrapper
 

@@ -21,7 +21,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type:
 
 from otel_gpu.tracing import context, progress
 from otel_gpu.tracing import control as stop_control
-from otel_gpu.tracing.run import RunTracer, guarded, numeric_attributes
+from otel_gpu.tracing.run import RunTracer, call_and_end, guarded, numeric_attributes
 from otel_gpu.tracing.settings import TracingSettings
 from otel_gpu.tracing.stop_record import record_stop
 
@@ -90,14 +90,7 @@ def _save_checkpoint(wrapped: Callable[..., Any], instance: Any, args: Any, kwar
     begun = _save_begin(instance, args[0] if args else kwargs.get("filepath"))
     if begun is None:
         return wrapped(*args, **kwargs)
-    error: BaseException | None = None
-    try:
-        return wrapped(*args, **kwargs)
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        _save_end(begun, error)
+    return call_and_end(wrapped, args, kwargs, lambda error: _save_end(begun, error))
 
 
 @guarded

@@ -279,6 +279,24 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
 _failed: set[str] = set()
 
 
+def call_and_end(
+    wrapped: Callable[..., Any],
+    args: Any,
+    kwargs: Any,
+    end: Callable[[BaseException | None], None],
+) -> Any:
+    """``wrapped(*args, **kwargs)``, then ``end(error)`` with what it raised (None if nothing),
+    which is re-raised: the wrap of a framework method whose span must end either way."""
+    error: BaseException | None = None
+    try:
+        return wrapped(*args, **kwargs)
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        end(error)
+
+
 def _set_job_span(span: Span | None) -> None:
     """Let the agent's alert actions add their events to this run's ``train`` span."""
     try:
