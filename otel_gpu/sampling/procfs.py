@@ -41,24 +41,6 @@ class ProcStat:
         return self._comm.decode("utf-8", "replace")
 
     @property
-    def cpu_ticks(self) -> int:
-        """utime + stime, in clock ticks."""
-        return int(self._rest[11]) + int(self._rest[12])
-
-    @property
-    def threads(self) -> int:
-        return int(self._rest[17])
-
-    @property
-    def vsize(self) -> int:
-        """Virtual memory size, By."""
-        return int(self._rest[20].split(None, 1)[0])
-
-    @property
-    def rss_pages(self) -> int:
-        return int(self._rest[20].split(None, 2)[1])
-
-    @property
     def comm_raw(self) -> bytes:
         """comm as the kernel wrote it (comparing bytes needs no decoding)."""
         return self._comm
