@@ -16,10 +16,12 @@ from typing import IO, Any
 
 from opentelemetry.metrics import MeterProvider
 
-from otel_gpu import metrics
+from otel_gpu import metrics, selfmetrics
 from otel_gpu.config import Settings
+from otel_gpu.sampling.isolated import SamplerProcess, SamplerSpec
 from otel_gpu.sampling.sampler import Sampler
 from otel_gpu.sampling.source import DeviceSource
+from otel_gpu.selfmetrics import ExportHealth
 
 log = logging.getLogger("otel_gpu.agent")
 
@@ -45,7 +47,12 @@ def make_source(settings: Settings, visible_devices: str | None = None) -> Devic
 
 
 class Agent:
-    """Samples GPUs and the watched process tree, exports instruments, runs detection."""
+    """Samples GPUs and the watched process tree, exports instruments, runs detection.
+
+    With ``settings.sampler == "process"`` (the default) and no injected ``source``, every NVML
+    and /proc read happens in a supervised helper process (:mod:`otel_gpu.sampling.isolated`);
+    an injected source object (tests, the demo) is sampled on a thread of this process.
+    """
 
     def __init__(
         self,
@@ -56,27 +63,51 @@ class Agent:
         source: DeviceSource | None = None,
         visible_devices: str | None = None,
         in_process: bool = False,
+        export_health: ExportHealth | None = None,
     ) -> None:
-        from otel_gpu.sampling.procs import ProcessTree
-
+        """``export_health``: where the meter provider's exporter counts its outcomes
+        (:func:`otel_gpu.export.meter_provider`), for the self-metrics and ``/healthz``."""
         self.settings = settings
-        self.source = source if source is not None else make_source(settings, visible_devices)
-        self.tree = ProcessTree(
-            roots,
-            proc_root=settings.proc_root,
-            max_processes=settings.max_processes,
-            discovery_period_s=DISCOVERY_PERIOD_S,
-        )
-        self.sampler = Sampler(self.source, self.tree, interval_s=settings.interval_s)
+        self.sampler: Sampler | SamplerProcess
+        if source is None and settings.sampler == "process":
+            self.sampler = SamplerProcess(
+                SamplerSpec(
+                    interval_s=settings.interval_s,
+                    simulate=settings.simulate,
+                    nvml_timeout_s=settings.nvml_timeout_s,
+                    nvml_library=settings.nvml_library,
+                    visible_devices=visible_devices,
+                    proc_root=settings.proc_root,
+                    max_processes=settings.max_processes,
+                    discovery_period_s=DISCOVERY_PERIOD_S,
+                    roots=tuple(roots),
+                )
+            )
+        else:
+            from otel_gpu.sampling.procs import ProcessTree
+
+            tree = ProcessTree(
+                roots,
+                proc_root=settings.proc_root,
+                max_processes=settings.max_processes,
+                discovery_period_s=DISCOVERY_PERIOD_S,
+            )
+            self.sampler = Sampler(
+                source if source is not None else make_source(settings, visible_devices),
+                tree,
+                interval_s=settings.interval_s,
+            )
+        self.export_health = export_health if export_health is not None else ExportHealth()
         self.instruments: list[Any] = []
         if meter_provider is not None:
             meter = meter_provider.get_meter("otel_gpu", _version())
-            self.instruments = metrics.register(meter, lambda: self.sampler.latest)
+            self.instruments = metrics.register(meter, self.sampler.fresh)
+            self.instruments += selfmetrics.register(meter, self.sampler, self.export_health)
         self.watchdog: Any = None
         if settings.detect:
             from otel_gpu.watchdog import Watchdog
 
-            self.watchdog = Watchdog.from_env(self.tree, in_process=in_process)
+            self.watchdog = Watchdog.from_env(in_process=in_process)
             self.sampler.add_listener(self.watchdog.on_snapshot)
             if meter_provider is not None:
                 self.watchdog.register_instruments(meter_provider.get_meter("otel_gpu", _version()))

@@ -31,7 +31,11 @@ ENV = {
     "detect": "OTEL_GPU_DETECT",
     "shutdown_timeout_s": "OTEL_GPU_SHUTDOWN_TIMEOUT",
     "lock_dir": "OTEL_GPU_LOCK_DIR",
+    "sampler": "OTEL_GPU_SAMPLER",
+    "health": "OTEL_GPU_HEALTH",
+    "health_export_grace_s": "OTEL_GPU_HEALTH_EXPORT_GRACE",
 }
+SAMPLER_MODES = ("process", "thread")
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,11 @@ class Settings:
     detect: bool = True  # run the detection engine in the agent
     shutdown_timeout_s: float = 5.0  # bound on flush + shutdown
     lock_dir: str | None = None  # where the node-ownership lock lives (default: temp dir)
+    # process: NVML and /proc are read in a supervised helper process (crash-isolated);
+    # thread: on a thread of the agent's own process (no isolation; for debugging).
+    sampler: str = "process"
+    health: str | None = None  # HOST:PORT of the /healthz endpoint; None: no endpoint
+    health_export_grace_s: float = 60.0  # exports failing this long make /healthz 503
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **explicit: object) -> Settings:
@@ -84,6 +93,10 @@ class Settings:
             )
         if self.endpoint is not None:
             check_endpoint(self.endpoint)
+        if self.sampler not in SAMPLER_MODES:
+            raise UsageError(
+                f"{ENV['sampler']}={self.sampler!r}: use one of {', '.join(SAMPLER_MODES)}"
+            )
         if self.max_processes < 1:
             raise UsageError("max processes must be at least 1 (OTEL_GPU_MAX_PROCESSES)")
         for name in (
@@ -91,6 +104,7 @@ class Settings:
             "export_timeout_s",
             "nvml_timeout_s",
             "shutdown_timeout_s",
+            "health_export_grace_s",
         ):
             if not 0 < getattr(self, name) <= _MAX_SECONDS:
                 raise UsageError(f"{ENV[name]} must be a positive number of at most 3600 s")
@@ -107,7 +121,13 @@ def _parse(name: str, raw: object, source: str) -> object:
         return raw
     text = raw.strip()
     try:
-        if name in ("interval_s", "export_timeout_s", "nvml_timeout_s", "shutdown_timeout_s"):
+        if name in (
+            "interval_s",
+            "export_timeout_s",
+            "nvml_timeout_s",
+            "shutdown_timeout_s",
+            "health_export_grace_s",
+        ):
             return float(text)
         if name == "export_interval_s":
             # OTEL_METRIC_EXPORT_INTERVAL is milliseconds; explicit arguments are seconds.
@@ -123,7 +143,10 @@ def _parse(name: str, raw: object, source: str) -> object:
         if low in _FALSE:
             return False
         raise UsageError(f"{source}={text!r}: use true or false")
-    if name in ("simulate", "exporter"):
+    if name == "health":
+        check_hostport(text, "--health" if source == "argument" else f"{source}=")
+        return text
+    if name in ("simulate", "exporter", "sampler"):
         return text.lower()
     return text
 
@@ -143,3 +166,13 @@ def check_endpoint(endpoint: str) -> str:
             "included (for example http://localhost:4317)"
         )
     return text
+
+
+def check_hostport(text: str, flag: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) with a port in 0..65535; UsageError otherwise."""
+    host, sep, port = text.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        shown = f"{flag}{text}" if flag.endswith("=") else f"{flag} {text}"
+        raise UsageError(f"{shown}: use HOST:PORT with a port from 0 to 65535, e.g. 127.0.0.1:8081")
+    return host, int(port)

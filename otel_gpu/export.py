@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     ConsoleMetricExporter,
+    MetricExporter,
     MetricReader,
     PeriodicExportingMetricReader,
 )
@@ -23,15 +24,23 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_gpu.config import Settings
 from otel_gpu.errors import UsageError
+from otel_gpu.selfmetrics import CountingExporter, ExportHealth
 
 log = logging.getLogger("otel_gpu.export")
 
 
-def metric_readers(settings: Settings) -> list[MetricReader]:
-    """Readers for ``settings.exporter``; none for ``none``."""
+def metric_readers(
+    settings: Settings, export_health: ExportHealth | None = None
+) -> list[MetricReader]:
+    """Readers for ``settings.exporter``; none for ``none``. With ``export_health``, every
+    export's outcome is counted there (self-metrics, ``/healthz``)."""
     interval_ms = settings.export_interval_s * 1000.0
+
+    def counted(exporter: MetricExporter) -> MetricExporter:
+        return exporter if export_health is None else CountingExporter(exporter, export_health)
+
     if settings.exporter == "console":
-        return [PeriodicExportingMetricReader(ConsoleMetricExporter(), interval_ms)]
+        return [PeriodicExportingMetricReader(counted(ConsoleMetricExporter()), interval_ms)]
     if settings.exporter == "otlp":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
@@ -46,7 +55,9 @@ def metric_readers(settings: Settings) -> list[MetricReader]:
             ) from None
         return [
             PeriodicExportingMetricReader(
-                exporter, interval_ms, export_timeout_millis=settings.export_timeout_s * 1000.0
+                counted(exporter),
+                interval_ms,
+                export_timeout_millis=settings.export_timeout_s * 1000.0,
             )
         ]
     return []
@@ -56,8 +67,9 @@ def meter_provider(
     settings: Settings,
     resource: Resource | None = None,
     extra_readers: Sequence[MetricReader] = (),
+    export_health: ExportHealth | None = None,
 ) -> MeterProvider:
-    readers = [*metric_readers(settings), *extra_readers]
+    readers = [*metric_readers(settings, export_health), *extra_readers]
     return MeterProvider(metric_readers=readers, resource=resource or Resource.create())
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 
@@ -54,6 +55,12 @@ def add_agent_options(
         metavar="NAME",
         help="service.name of the exported resource (env OTEL_SERVICE_NAME; default: the program)",
     )
+    parser.add_argument(
+        "--health",
+        metavar="HOST:PORT",
+        help="serve /healthz there: 200 while sampling is fresh and exports succeed, 503 with "
+        "the reason otherwise (env OTEL_GPU_HEALTH; default off)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log the agent's own activity")
 
 
@@ -65,6 +72,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         export_interval_s=args.export_interval,
         simulate=args.simulate,
         detect=False if args.no_detect else None,
+        health=getattr(args, "health", None),
     )
 
 
@@ -92,3 +100,34 @@ def build_resource(
     name = service_name or default_service_name(command)
     base = Resource.create({SERVICE_NAME: name})
     return get_aggregated_resources(detectors, initial_resource=base, timeout=5)
+
+
+class AgentEndpoints:
+    """The self-observability around an agent a command builds: the export outcome counter
+    (passed to the meter provider and the agent) and the optional ``/healthz`` server, bound
+    before the job starts so a bad ``--health`` address is refused before anything runs."""
+
+    def __init__(self, settings: Settings) -> None:
+        from otel_gpu.health import HealthServer, LateCheck
+        from otel_gpu.selfmetrics import ExportHealth
+
+        self.settings = settings
+        self.export_health = ExportHealth()
+        self._check = LateCheck()
+        self.server = (
+            HealthServer(settings.health, {"/healthz": self._check}) if settings.health else None
+        )
+
+    def attach(self, agent: Any) -> None:
+        from otel_gpu.health import agent_check
+
+        self._check.check = agent_check(
+            agent.sampler, self.export_health, self.settings.health_export_grace_s
+        )
+
+    def agent_failed(self, reason: str) -> None:
+        self._check.check = lambda: (False, f"agent not running: {reason}")
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        if self.server is not None:
+            self.server.close(timeout_s)

@@ -12,6 +12,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 
 from otel_gpu.commands.common import (
+    AgentEndpoints,
     add_agent_options,
     build_resource,
     settings_from_args,
@@ -72,7 +73,12 @@ def run(args: argparse.Namespace) -> int:
         check_settings()  # a bad OTEL_GPU_* setting refuses to start, never runs the job unwatched
     # Own the node before the job starts, so an auto-instrumented job does not sample it twice.
     acquire_node_lock(settings.lock_dir)
-    provider = meter_provider(settings, build_resource(args.service_name, cmd, settings))
+    endpoints = AgentEndpoints(settings)
+    provider = meter_provider(
+        settings,
+        build_resource(args.service_name, cmd, settings),
+        export_health=endpoints.export_health,
+    )
     job: list[subprocess.Popen] = []
     early: list[int] = []  # signals that arrived before the job existed
 
@@ -100,9 +106,12 @@ def run(args: argparse.Namespace) -> int:
                 meter_provider=provider,
                 roots=[job[0].pid],
                 visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                export_health=endpoints.export_health,
             ).start()
+            endpoints.attach(agent)
         except Exception as exc:  # the job runs on, unwatched, rather than being harmed
             log.warning("the agent failed to start (%s); %s runs on unwatched", exc, cmd[0])
+            endpoints.agent_failed(str(exc))
         code = wait_child(job[0])
     finally:
         # The job is gone: Ctrl-C interrupts otel-gpu's own shutdown again.
@@ -114,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         if agent is not None:
             steps.insert(0, ("agent", agent.shutdown))
         close_all(steps, settings.shutdown_timeout_s if job else 1.0)
+        endpoints.close()
     return code
 
 

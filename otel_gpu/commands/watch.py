@@ -10,6 +10,7 @@ import threading
 import psutil
 
 from otel_gpu.commands.common import (
+    AgentEndpoints,
     add_agent_options,
     build_resource,
     settings_from_args,
@@ -54,13 +55,20 @@ def watch(args: argparse.Namespace) -> int:
         check_settings()
 
     acquire_node_lock(settings.lock_dir)
-    provider = meter_provider(settings, build_resource(args.service_name, [name], settings))
+    endpoints = AgentEndpoints(settings)
+    provider = meter_provider(
+        settings,
+        build_resource(args.service_name, [name], settings),
+        export_health=endpoints.export_health,
+    )
     agent = Agent(
         settings,
         meter_provider=provider,
         roots=[args.pid],
         visible_devices=_visible_devices(root),
+        export_health=endpoints.export_health,
     ).start()
+    endpoints.attach(agent)
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -74,6 +82,7 @@ def watch(args: argparse.Namespace) -> int:
             [("agent", agent.shutdown), ("metrics", lambda t: shutdown_provider(provider, t))],
             settings.shutdown_timeout_s,
         )
+        endpoints.close()
     return 0
 
 

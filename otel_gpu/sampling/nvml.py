@@ -92,6 +92,9 @@ class NvmlSource:
         self._last_code: int | None = None
         self._xids_logged: set[tuple[int, int]] = set()
         self._refresh_wanted = False  # a MIG reconfiguration was seen: enumerate again
+        # NVML errors by name since start (the expected "no new sample" answers left out), for
+        # the otel_gpu.agent.nvml.errors self-metric.
+        self.error_counts: dict[str, int] = {}
 
     # -- public API --------------------------------------------------------------------------
 
@@ -175,6 +178,11 @@ class NvmlSource:
         self._next_init_at = self._clock() + self._retry_delay
         self._retry_delay = min(self._retry_delay * 2, self._retry_max)
 
+    def stuck_seconds(self) -> float:
+        """How long an NVML call has been stuck past its deadline (0: none is). Only a new
+        process gets a working NVML back from a call that never returns."""
+        return self._guard.stuck_seconds()
+
     def _hung_key(self) -> int | None:
         key = self._guard.hung_key
         return key[0] if isinstance(key, tuple) else None
@@ -245,6 +253,7 @@ class NvmlSource:
             self._refresh_wanted = True  # this MIG device was destroyed
             return
         name = api.ERROR_NAMES.get(code, str(code))
+        self.error_counts[name] = self.error_counts.get(name, 0) + 1
         where = f"GPU {dev.index} ({dev.uuid})" if dev is not None else "NVML"
         if dev is not None and code in api.UNSUPPORTED:
             dev.disabled.add(metric)

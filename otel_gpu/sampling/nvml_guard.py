@@ -120,6 +120,13 @@ class CallGuard:
                 self.abandoned_jobs += 1
                 return False
 
+    def stuck_seconds(self) -> float:
+        """How long the call of an abandoned, still running job has run (0: nothing stuck)."""
+        started = self._call_started
+        if not (self._busy and self._abandon) or started is None:
+            return 0.0
+        return max(0.0, time.monotonic() - started)
+
     def stop(self) -> None:
         """Let the thread exit after its current job (it is a daemon: a stuck call never blocks
         interpreter exit)."""

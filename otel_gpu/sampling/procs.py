@@ -107,12 +107,14 @@ class ProcessTree:
         agent_proc_root: str = "/proc",
         clock: Callable[[], float] = time.monotonic,
         discovery_period_s: float = 0.0,
+        skip_pids: Iterable[int] = (),
     ) -> None:
         """``root_pids`` are PIDs as the agent sees them (in ``agent_proc_root``); when
         ``proc_root`` is another namespace's /proc (the host's, mounted into a container) they
         are translated to it. ``cpu_count``: CPUs available (default: the agent's affinity set),
         the denominator of ``cpu_utilization``. ``host_pid_namespace``: whether ``proc_root``
-        shows host PIDs (default: detected from visible kernel threads)."""
+        shows host PIDs (default: detected from visible kernel threads). ``skip_pids``: PIDs
+        never read (an earlier sampler hung reading them)."""
         if max_processes < 1:
             raise ValueError("max_processes must be >= 1")
         self.proc_root = proc_root
@@ -137,6 +139,10 @@ class ProcessTree:
         self._boot_time: float | None = None
         self._warned_unmapped = False
         self._fd_by_stat = fd_count_by_stat(proc_root)
+        self._skip = frozenset(skip_pids)
+        # The PID whose /proc files are being read (None between processes): a sampler whose
+        # sweep hangs reports it, and the next one skips that PID.
+        self.reading_pid: int | None = None
         # New descendants are found by reading every process's stat; between those scans (at
         # most discovery_period_s apart) only the known tree and the GPU processes are read, so
         # a 1 s sampler on a busy host does not pay for the whole host every second.
@@ -158,8 +164,12 @@ class ProcessTree:
         roots = []
         for pid in dict.fromkeys(int(p) for p in pids):
             local = self._from_agent_pid(pid)
+            if local in self._skip:
+                continue
+            self.reading_pid = local
             st = read_stat(self.proc_root, local)
             roots.append((local, st.starttime if st is not None else None))
+        self.reading_pid = None
         with self._lock:
             self._roots = roots
             self._reset = True  # forget the previous tree's members
@@ -242,9 +252,11 @@ class ProcessTree:
         member_set = set(members)
         samples = []
         for pid in chosen:
+            self.reading_pid = pid
             sample = self._sample_one(pid, stats[pid], now, pid in member_set, due)
             if sample is not None:
                 samples.append(sample)
+        self.reading_pid = None
 
         self._members = {(p, stats[p].starttime) for p in members}
         self._tracked = {(s.pid, stats[s.pid].starttime) for s in samples}
@@ -261,12 +273,17 @@ class ProcessTree:
             names = os.listdir(self.proc_root)
         except OSError:
             return stats
+        skip = self._skip
         for name in names:
             if name.isdigit():
                 pid = int(name)
+                if pid in skip:
+                    continue
+                self.reading_pid = pid
                 st = read_stat(self.proc_root, pid)
                 if st is not None:
                     stats[pid] = st
+        self.reading_pid = None
         return stats
 
     def _newest_pid(self) -> bytes | None:
@@ -291,9 +308,13 @@ class ProcessTree:
         wanted += gpu_pids
         stats: dict[int, ProcStat] = {}
         for pid in dict.fromkeys(wanted):
+            if pid in self._skip:
+                continue
+            self.reading_pid = pid
             st = read_stat(self.proc_root, pid)
             if st is not None:
                 stats[pid] = st
+        self.reading_pid = None
         return stats
 
     def _walk(self, stats: dict[int, ProcStat], roots: list[int]) -> list[int]:
@@ -365,6 +386,7 @@ class ProcessTree:
     def _holds_nvidia(self, pid: int, start: int) -> bool:
         key = (pid, start)
         if key not in self._nvidia:
+            self.reading_pid = pid
             found = False
             fd_dir = f"{self.proc_root}/{pid}/fd"
             try:
@@ -381,6 +403,7 @@ class ProcessTree:
         key = (pid, start)
         ns = self._nspid.get(key)
         if ns is None:
+            self.reading_pid = pid
             ns = read_status(self.proc_root, pid)[1]
             self._nspid[key] = ns
         return ns

@@ -99,4 +99,6 @@ class Snapshot:
     host_to_local: dict[int, int] = field(default_factory=dict)  # NVML (host) PID -> agent PID
     no_gpu_reason: str | None = None  # set while NVML is unavailable
     sweep_seconds: float | None = None  # how long the sweep took
+    # NVML errors by name (e.g. ("TIMEOUT", 3)) since the sampling process started.
+    nvml_errors: tuple[tuple[str, int], ...] = ()
     extra: dict[str, float] = field(default_factory=dict)

@@ -87,7 +87,7 @@
  * rule and the first matching delay rule apply: the call sleeps MS milliseconds (without
  * holding any lock: a hung call), then returns CODE. CODE is an NVML error name without the
  * NVML_ERROR_ prefix (GPU_IS_LOST, NOT_SUPPORTED, TIMEOUT, DRIVER_NOT_LOADED, ...), a number,
- * or ABORT (the process aborts, like a driver crash).
+ * ABORT (the process aborts, like a driver crash) or SEGV (it faults on a NULL write).
  *
  * Extra exports for tests (ctypes): fakenvml_call_count(symbol) (all GPUs; "*" = all symbols),
  * fakenvml_call_count_dev(symbol, gpu) (gpu -1 = calls without a device), fakenvml_reset_counts(),
@@ -210,6 +210,8 @@ static const struct {
 };
 #define FK_NERRORS (sizeof(fk_errors) / sizeof(fk_errors[0]))
 #define FK_ABORT (-1)
+#define FK_SEGV (-2)
+static volatile intptr_t fk_null_page = 0; /* written through by SEGV: the kernel's SIGSEGV */
 
 typedef struct {
     double t, base, slope; /* value = base + slope * (now - t0 - t) from t on */
@@ -424,6 +426,10 @@ static int fk_parse_value(char *text, fk_value *v) {
 static int fk_code_by_name(const char *s, int *code) {
     if (strcmp(s, "ABORT") == 0) {
         *code = FK_ABORT;
+        return 0;
+    }
+    if (strcmp(s, "SEGV") == 0) {
+        *code = FK_SEGV;
         return 0;
     }
     const char *n = strncmp(s, "NVML_ERROR_", 11) == 0 ? s + 11 : s;
@@ -863,6 +869,7 @@ static nvmlReturn_t fk_enter(int sym, int dev, int need_init) {
     pthread_mutex_unlock(&fk_mu);
     if (delay > 0) fk_sleep_ms(delay);
     if (code == FK_ABORT) abort();
+    if (code == FK_SEGV) *(volatile int *)fk_null_page = 1; /* a real fault, as a driver bug */
     return (nvmlReturn_t)code;
 }
 

@@ -1,0 +1,405 @@
+"""Sampling in a supervised helper process, so nothing NVML or /proc does can reach the job.
+
+NVML is a native library: a bug in it or in the driver can abort or segfault the process that
+calls it, and a call can hang for minutes. A /proc read can block too (a process in
+uninterruptible sleep, a FUSE-backed file). Run in the job's process (``opentelemetry-instrument``)
+or in the ``otel-gpu run`` wrapper, either would take the job down or leave it unwatched. So the
+agent runs every NVML and /proc read in a helper process (:mod:`otel_gpu.sampling.worker`):
+
+* started with a fresh ``exec`` of the interpreter, never a ``fork`` of a process that may hold
+  CUDA or NCCL state, in its own session (a terminal's Ctrl-C does not reach it) and with
+  OpenTelemetry's auto-instrumentation removed from its environment;
+* handing one compact snapshot per sweep to the agent over a pipe (length-prefixed pickles of
+  the :mod:`otel_gpu.sampling.snapshot` records; the helper is our own code);
+* supervised here: when it dies (abort, segfault, exit) or stops delivering snapshots for
+  :attr:`SamplerProcess.kill_after_s`, it is killed if need be and started again with
+  exponential backoff. The helper watches its own sweeps too: a sweep stuck in a /proc read for
+  ``hang_after_s`` makes it report the PID it was reading and exit, and the next helper skips
+  that PID, so sampling resumes without it.
+
+While the helper is down the agent publishes the last known GPUs with ``hw.status`` degraded and
+no values: a current fact ("cannot be read now"), never a stale value with a fresh timestamp.
+One warning is logged when an episode of failures starts, one line when it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+
+from otel_gpu.sampling.sampler import Published
+from otel_gpu.sampling.snapshot import STATUS_DEGRADED, GpuSample, Snapshot
+
+log = logging.getLogger("otel_gpu.sampler")
+
+FRAME_HEADER = struct.Struct("!I")
+MAX_FRAME = 64 << 20  # a frame larger than this is a corrupt stream, not a snapshot
+EXIT_HUNG = 70  # the helper's exit code after it reported a hung sweep
+HEALTHY_AFTER_S = 300.0  # a helper that has run this long ends a failure episode
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    """Everything the helper process needs to build its source and process tree (JSON-safe)."""
+
+    interval_s: float = 5.0
+    simulate: str | None = None
+    nvml_timeout_s: float = 2.0
+    nvml_library: str | None = None
+    visible_devices: str | None = None
+    proc_root: str = "/proc"
+    max_processes: int = 256
+    discovery_period_s: float = 5.0
+    roots: tuple[int, ...] = ()
+    skip_pids: tuple[int, ...] = ()  # PIDs whose /proc reads hung in an earlier helper
+    log_level: int = logging.WARNING
+    parent_pid: int = 0
+    extra: dict[str, str] = field(default_factory=dict)  # forward-compatible options
+
+    @property
+    def hang_after_s(self) -> float:
+        """A sweep running this long is stuck: NVML calls have their own deadline (a sweep
+        waits at most twice ``nvml_timeout_s`` on NVML), so the rest is a blocked /proc read."""
+        return max(3.0 * self.interval_s, 2.0 * self.nvml_timeout_s + 3.0)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> SamplerSpec:
+        raw = json.loads(text)
+        raw["roots"] = tuple(raw.get("roots", ()))
+        raw["skip_pids"] = tuple(raw.get("skip_pids", ()))
+        return cls(**raw)
+
+
+def encode_frame(message: object) -> bytes:
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return FRAME_HEADER.pack(len(payload)) + payload
+
+
+class FrameReader:
+    """Splits a byte stream into the messages :func:`encode_frame` wrote."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[object]:
+        self._buf += data
+        out: list[object] = []
+        while len(self._buf) >= FRAME_HEADER.size:
+            (size,) = FRAME_HEADER.unpack_from(self._buf)
+            if size > MAX_FRAME:
+                raise ValueError(f"corrupt sampler stream (frame of {size} bytes)")
+            end = FRAME_HEADER.size + size
+            if len(self._buf) < end:
+                break
+            out.append(pickle.loads(bytes(self._buf[FRAME_HEADER.size : end])))
+            del self._buf[:end]
+        return out
+
+
+def child_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The helper's environment: the agent's, without OpenTelemetry auto-instrumentation (the
+    helper must not start an SDK or a second agent) and with this package importable."""
+    env = dict(os.environ if base is None else base)
+    keep = [
+        p
+        for p in env.get("PYTHONPATH", "").split(os.pathsep)
+        if p and os.path.basename(os.path.normpath(p)) != "auto_instrumentation"
+    ]
+    import otel_gpu
+
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(otel_gpu.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([package_parent, *keep])
+    env["OTEL_SDK_DISABLED"] = "true"
+    env["OTEL_GPU_ROLE"] = "off"
+    env.pop("OTEL_PYTHON_DISTRO", None)
+    return env
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    if code == EXIT_HUNG:
+        return "hung in a sweep"
+    return f"exited with code {code}"
+
+
+class SamplerProcess(Published):
+    """Runs the sampler in a helper process and republishes its snapshots here.
+
+    The same reading surface as :class:`~otel_gpu.sampling.sampler.Sampler` (``latest``,
+    ``fresh()``, ``add_listener``, ``sweeps``, ``sample_once``); listeners run on this object's
+    supervisor thread, never on the job's threads.
+    """
+
+    def __init__(
+        self,
+        spec: SamplerSpec,
+        *,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        command: Sequence[str] | None = None,
+    ) -> None:
+        super().__init__(spec.interval_s, clock)
+        self.spec = spec
+        self.interval_s = spec.interval_s
+        # The helper watches its own sweeps (hang_after_s); this is the backstop for a helper
+        # that cannot even do that (a deadlock holding the interpreter).
+        self.kill_after_s = spec.hang_after_s + max(2.0 * spec.interval_s, 5.0)
+        self._backoff_initial = backoff_initial_s
+        self._backoff_max = backoff_max_s
+        self._command = list(command or [sys.executable, "-m", "otel_gpu.sampling.worker"])
+        self._skip: set[int] = set(spec.skip_pids)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._child: subprocess.Popen[bytes] | None = None
+        self._child_lock = threading.Lock()
+        self._swept = threading.Condition()
+        self.restarts = 0  # helpers started after the first
+        self.failures = 0  # helpers that died or hung
+        self.last_failure: str | None = None
+        self._episode_failures = 0
+        self._started_at = 0.0
+        self._hung_what: str | None = None  # what the helper said it hung in, before exiting
+
+    # -- public surface ---------------------------------------------------------------------
+
+    @property
+    def child_pid(self) -> int | None:
+        child = self._child
+        return child.pid if child is not None else None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._supervise, name="otel-gpu-sampler-supervisor", daemon=True
+        )
+        self._thread.start()
+
+    def sample_once(self, timeout_s: float | None = None) -> Snapshot | None:
+        """Ask the helper for a sweep now and wait for it (tests, ``doctor``)."""
+        with self._swept:
+            seen = self.sweeps
+        self._send("sweep")
+        deadline = self._clock() + (self.kill_after_s if timeout_s is None else timeout_s)
+        with self._swept:
+            while self.sweeps == seen and not self._stop.is_set():
+                left = deadline - self._clock()
+                if left <= 0:
+                    return None
+                self._swept.wait(min(left, 0.5))
+        return self.latest
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the helper (asked, then killed at half the bound) and the supervisor."""
+        self._stop.set()
+        deadline = time.monotonic() + timeout_s
+        self._send("stop")
+        child = self._child
+        if child is not None:
+            self._end_child(child, max(0.0, timeout_s / 2))
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    # -- supervision ------------------------------------------------------------------------
+
+    def _supervise(self) -> None:
+        delay = self._backoff_initial
+        while not self._stop.is_set():
+            child = self._spawn()
+            what = "could not be started" if child is None else self._pump(child)
+            if self._stop.is_set():
+                break
+            self.failures += 1
+            self.last_failure = f"sampler process {what}"
+            healthy_run = child is not None and self._clock() - self._started_at >= HEALTHY_AFTER_S
+            if healthy_run:
+                delay = self._backoff_initial
+            self._report_failure(what, delay)
+            self._wait_out(delay)
+            delay = min(delay * 2.0, self._backoff_max)
+            self.restarts += 1
+
+    def _spawn(self) -> subprocess.Popen[bytes] | None:
+        spec = replace(
+            self.spec,
+            skip_pids=tuple(sorted(self._skip)),
+            log_level=logging.getLogger("otel_gpu").getEffectiveLevel(),
+            parent_pid=os.getpid(),
+        )
+        try:
+            child = subprocess.Popen(
+                self._command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=child_environment(),
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            log.debug("cannot start the sampler process: %s", exc)
+            return None
+        assert child.stdin is not None
+        try:
+            child.stdin.write(spec.to_json().encode() + b"\n")
+            child.stdin.flush()
+        except OSError:
+            pass  # it died at once; _pump sees the EOF
+        with self._child_lock:
+            self._child = child
+        self.carry_errors()
+        self._started_at = self._clock()
+        return child
+
+    def _pump(self, child: subprocess.Popen[bytes]) -> str:
+        """Republish the helper's snapshots until it ends or stalls; how it ended."""
+        assert child.stdout is not None
+        fd = child.stdout.fileno()
+        frames = FrameReader()
+        last = self._clock()
+        try:
+            while True:
+                ready, _, _ = select.select([fd], [], [], 0.5)
+                if self._stop.is_set():
+                    return "stopped"
+                if not ready:
+                    if self._clock() - last > self.kill_after_s:
+                        self._end_child(child, 0.0)
+                        return "stopped delivering snapshots"
+                    continue
+                data = os.read(fd, 1 << 20)
+                if not data:
+                    break
+                for message in frames.feed(data):
+                    last = self._clock()
+                    self._handle(message)
+        except (OSError, ValueError, pickle.UnpicklingError) as exc:
+            log.debug("sampler stream broken: %s", exc)
+            self._end_child(child, 0.0)
+        try:
+            code = child.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            self._end_child(child, 0.0)
+            code = child.returncode
+        finally:
+            with self._child_lock:
+                self._child = None
+            for pipe in (child.stdin, child.stdout):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
+        what, self._hung_what = self._hung_what, None
+        return what if code == EXIT_HUNG and what else describe_exit(code)
+
+    def _handle(self, message: object) -> None:
+        if not isinstance(message, tuple) or not message:
+            return
+        if message[0] == "snapshot":
+            snap = message[1]
+            if self._episode_failures and self._clock() - self._started_at >= HEALTHY_AFTER_S:
+                log.warning(
+                    "sampler process healthy again after %d failure(s)", self._episode_failures
+                )
+                self._episode_failures = 0
+            self.publish(snap)
+            with self._swept:
+                self._swept.notify_all()
+        elif message[0] == "hung":
+            info = message[1] if len(message) > 1 and isinstance(message[1], dict) else {}
+            pid = info.get("pid")
+            if info.get("nvml"):
+                self._hung_what = "hung in an NVML call"
+            elif isinstance(pid, int):
+                self._hung_what = f"hung reading /proc/{pid}"
+            if isinstance(pid, int):
+                self._skip.add(pid)
+                log.warning(
+                    "a /proc read of PID %d hung for %.0f s; that process is no longer sampled",
+                    pid,
+                    self.spec.hang_after_s,
+                )
+
+    def _report_failure(self, what: str, delay: float) -> None:
+        self._episode_failures += 1
+        if self._episode_failures == 1:
+            log.warning(
+                "the sampler process %s; the job is not affected; restarting it in %.1f s "
+                "(with backoff while it keeps failing)",
+                what,
+                delay,
+            )
+        else:
+            log.debug("sampler process %s again; restarting in %.1f s", what, delay)
+
+    def _wait_out(self, delay: float) -> None:
+        """Publish the GPUs as unreadable now (not their old values) until the restart."""
+        deadline = self._clock() + delay
+        while not self._stop.is_set():
+            self.publish(self._down_snapshot(), notify=False)
+            left = deadline - self._clock()
+            if left <= 0:
+                return
+            self._stop.wait(min(left, self.interval_s))
+
+    def _down_snapshot(self) -> Snapshot:
+        last = self.latest
+        gpus: tuple[GpuSample, ...] = ()
+        if last is not None:
+            gpus = tuple(
+                GpuSample(
+                    uuid=g.uuid, index=g.index, name=g.name, status=STATUS_DEGRADED, parent=g.parent
+                )
+                for g in last.gpus
+            )
+        return Snapshot(
+            time=time.time(),
+            gpus=gpus,
+            no_gpu_reason=f"{self.last_failure}; restarting",
+        )
+
+    def _send(self, command: str) -> None:
+        with self._child_lock:
+            child = self._child
+            if child is None or child.stdin is None:
+                return
+            try:
+                child.stdin.write(command.encode() + b"\n")
+                child.stdin.flush()
+            except (OSError, ValueError):
+                pass
+
+    def _end_child(self, child: subprocess.Popen[bytes], grace_s: float) -> None:
+        """Close the helper's stdin (it exits at EOF), then kill it after ``grace_s``."""
+        try:
+            if child.stdin is not None:
+                child.stdin.close()
+        except OSError:
+            pass
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=grace_s) if grace_s > 0 else None
+        if child.poll() is None:
+            with contextlib.suppress(OSError):
+                child.kill()  # our own helper process, never the job
