@@ -70,6 +70,7 @@ class LateCheck:
 class _BoundedServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
+    request_queue_size = 128  # the listen backlog: a burst of probes is not left to SYN retries
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
         self._slots = threading.BoundedSemaphore(MAX_WORKERS)

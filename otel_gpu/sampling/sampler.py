@@ -124,8 +124,10 @@ class Sampler(Published):
         *,
         interval_s: float = 5.0,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(interval_s)
+        """``clock`` stamps snapshots (wall time); ``monotonic`` judges their freshness."""
+        super().__init__(interval_s, monotonic)
         self.source = source
         self.tree = tree
         self.interval_s = interval_s

@@ -1,0 +1,224 @@
+"""Never silently blind: stale snapshots are not exported, self-metrics say what went wrong, and
+``/healthz`` turns 503 when sampling is stale or exports keep failing."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from fakenvml.fixtures import FakeNvml
+from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, PeriodicExportingMetricReader
+from test_cli import CLI, _env
+from test_isolation import BASE_SCENARIO, _blocking_proc_root
+
+from otel_gpu import metrics, selfmetrics
+from otel_gpu.health import HealthServer, agent_check
+from otel_gpu.sampling.sampler import Sampler, stale_after
+from otel_gpu.sampling.sim import SimulatedSource
+from otel_gpu.selfmetrics import CountingExporter, ExportHealth
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _collect(reader: InMemoryMetricReader) -> dict[str, list[tuple[float, dict]]]:
+    out: dict[str, list[tuple[float, dict]]] = {}
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                out.setdefault(m.name, []).extend(
+                    (p.value, dict(p.attributes)) for p in m.data.data_points
+                )
+    return out
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_stale_snapshot_is_not_exported_and_its_age_is() -> None:
+    mono = Clock()
+    sampler = Sampler(SimulatedSource("steady"), None, interval_s=1.0, monotonic=mono)
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("t")
+    metrics.register(meter, sampler.fresh)
+    selfmetrics.register(meter, sampler, ExportHealth())
+    sampler.sample_once()
+    got = _collect(reader)
+    assert got["hw.gpu.memory.usage"] and got["otel_gpu.agent.snapshot.age"][0][0] == 0.0
+    # The sampler is stuck: no sweep for longer than three intervals.
+    mono.now += stale_after(1.0) + 0.5
+    got = _collect(reader)
+    assert "hw.gpu.memory.usage" not in got and "hw.power" not in got
+    assert got["otel_gpu.agent.snapshot.age"][0][0] == pytest.approx(stale_after(1.0) + 0.5)
+    assert "otel_gpu.agent.sweep.duration" not in got  # of a stale sweep: not reported either
+    sampler.sample_once()  # sampling resumes: so do the metrics
+    assert _collect(reader)["hw.gpu.memory.usage"]
+
+
+def test_export_failures_and_dropped_points_are_counted_against_a_dead_collector() -> None:
+    health = ExportHealth()
+    exporter = OTLPMetricExporter(endpoint=f"http://127.0.0.1:{_closed_port()}", timeout=0.5)
+    failing = PeriodicExportingMetricReader(CountingExporter(exporter, health), 3_600_000)
+    local = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[failing, local])
+    sampler = Sampler(SimulatedSource("steady"), None, interval_s=1.0)
+    meter = provider.get_meter("t")
+    metrics.register(meter, sampler.fresh)
+    selfmetrics.register(meter, sampler, health)
+    sampler.sample_once()
+    failing.force_flush(timeout_millis=5_000)
+    assert health.failures == 1 and health.dropped_points > 10
+    assert health.failing_for() >= 0.0 and health.failing_since is not None
+    got = _collect(local)
+    assert got["otel_gpu.agent.export.failures"][0][0] == 1
+    assert got["otel_gpu.agent.export.dropped_points"][0][0] == health.dropped_points
+    provider.shutdown(timeout_millis=1_000)
+
+
+def test_nvml_errors_are_counted_by_name_across_sampler_restarts() -> None:
+    sampler = Sampler(SimulatedSource("steady"), None, interval_s=1.0)
+    sampler.source.error_counts = {"TIMEOUT": 2}  # type: ignore[attr-defined]
+    sampler.sample_once()
+    assert sampler.nvml_errors() == {"TIMEOUT": 2}
+    sampler.carry_errors()  # a new sampling process starts from zero...
+    sampler.source.error_counts = {"TIMEOUT": 1, "UNKNOWN": 1}  # type: ignore[attr-defined]
+    sampler.sample_once()
+    assert sampler.nvml_errors() == {"TIMEOUT": 3, "UNKNOWN": 1}  # ...the total never goes back
+
+
+@pytest.mark.parametrize(
+    ("age", "failing", "code", "words"),
+    [
+        (0.5, 0.0, 200, "sampling fresh"),
+        (10.0, 0.0, 503, "sampling stale"),
+        (0.5, 30.0, 200, "exports failing for 30 s"),  # within the grace
+        (0.5, 90.0, 503, "exports failing for 90 s"),
+    ],
+)
+def test_healthz_verdicts(age: float, failing: float, code: int, words: str) -> None:
+    mono = Clock()
+    sampler = Sampler(SimulatedSource("steady"), None, interval_s=1.0, monotonic=mono)
+    sampler.sample_once()
+    mono.now += age
+    export_clock = Clock()
+    exports = ExportHealth(clock=export_clock)
+    if failing:
+        exports.record(False, 10)
+        export_clock.now += failing
+    server = HealthServer("127.0.0.1:0", {"/healthz": agent_check(sampler, exports, 60.0)})
+    try:
+        status, body = _get(f"http://{server.address}/healthz")
+    finally:
+        server.close()
+    assert status == code and words in body["reason"] and body["ok"] == (code == 200)
+
+
+def _get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_health_server_stays_bounded_under_idle_connections() -> None:
+    server = HealthServer("127.0.0.1:0", {"/healthz": lambda: (True, "ok")})
+    host, port = server.address.rsplit(":", 1)
+    idle = []
+    try:
+        before = len(os.listdir("/proc/self/task"))
+        for _ in range(300):  # connections that never send a request
+            idle.append(socket.create_connection((host, int(port))))
+        time.sleep(0.5)
+        threads = len(os.listdir("/proc/self/task"))
+        assert threads - before <= 4 + 1  # at most MAX_WORKERS handler threads
+    finally:
+        for s in idle:
+            s.close()
+    # Once they are gone, probes are answered again.
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            assert _get(f"http://{server.address}/healthz")[0] == 200
+            break
+        except (OSError, AssertionError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    server.close()
+
+
+def test_run_healthz_turns_503_while_sampling_is_stuck_and_200_after(
+    fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
+    fake_nvml.write(BASE_SCENARIO)
+    root = _blocking_proc_root(tmp_path)  # the first sampler hangs reading it, for ~3.6 s
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [*CLI, "run", "--exporter", "none", "--interval", "0.25", "--health", f"127.0.0.1:{port}",
+         "--", sys.executable, "-c", "import time; time.sleep(9)"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=fake_nvml.env(
+            _env(OTEL_GPU_PROC_ROOT=str(root), OTEL_GPU_NVML_TIMEOUT="0.3", OTEL_GPU_DETECT="false")
+        ),
+    )  # fmt: skip
+    seen: list[tuple[int, str]] = []
+    try:
+        while proc.poll() is None:
+            try:
+                code, body = _get(f"http://127.0.0.1:{port}/healthz")
+                seen.append((code, body["reason"]))
+            except OSError:
+                pass
+            time.sleep(0.2)
+    finally:
+        proc.kill()
+        proc.communicate()
+    codes = [c for c, _r in seen]
+    assert 503 in codes, seen
+    stuck = codes.index(503)
+    assert any("no snapshot since start" in r for c, r in seen if c == 503)
+    assert 200 in codes[stuck:], seen  # the restarted sampler skips the blocking PID
+    assert any("sampling fresh" in r for c, r in seen[stuck:] if c == 200)
+
+
+def test_bad_health_address_is_refused_before_the_job_starts(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    for value in ("localhost", "127.0.0.1:99999", "nohost:"):
+        proc = subprocess.run(
+            [*CLI, "run", "--health", value, "--", sys.executable, "-c",
+             f"open({str(marker)!r}, 'w')"],
+            capture_output=True, text=True, timeout=30, env=_env(),
+        )  # fmt: skip
+        assert proc.returncode == 2
+        assert proc.stderr.strip().splitlines() == [
+            f"otel-gpu: error: --health {value}: use HOST:PORT with a port from 0 to 65535, "
+            "e.g. 127.0.0.1:8081"
+        ]
+        assert not marker.exists()
+    env_proc = subprocess.run(
+        [*CLI, "run", "--", sys.executable, "-c", "pass"],
+        capture_output=True, text=True, timeout=30, env=_env(OTEL_GPU_HEALTH="x:y"),
+    )  # fmt: skip
+    assert env_proc.returncode == 2 and "OTEL_GPU_HEALTH=x:y" in env_proc.stderr
