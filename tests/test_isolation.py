@@ -198,7 +198,7 @@ def test_instrumented_trainer_survives_an_nvml_abort(fake_nvml: FakeNvml, tmp_pa
     first_restart_time = min(
         p.time_ns for p in points if p.metric == "otel_gpu.agent.sampler.restarts" and p.value >= 1
     )
-    assert any(p.metric == "hw.gpu.memory.usage" and p.time_ns >= first_restart_time for p in points), (
-        "no GPU metrics after the restart"
-    )
+    assert any(
+        p.metric == "hw.gpu.memory.usage" and p.time_ns >= first_restart_time for p in points
+    ), "no GPU metrics after the restart"
     assert "SIGABRT" in proc.stderr
