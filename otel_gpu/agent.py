@@ -66,6 +66,7 @@ class Agent:
             proc_root=settings.proc_root,
             max_processes=settings.max_processes,
             discovery_period_s=DISCOVERY_PERIOD_S,
+            command_mode=settings.process_command,
         )
         self.sampler = Sampler(self.source, self.tree, interval_s=settings.interval_s)
         self.instruments: list[Any] = []

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields, replace
 from urllib.parse import urlsplit
 
 from otel_gpu.errors import UsageError
+from otel_gpu.redact import COMMAND_MODES, COMMAND_REDACTED
 
 SIM_SCENARIOS = ("steady", "leak", "stall")
 EXPORTERS = ("otlp", "console", "none")
@@ -31,6 +32,7 @@ ENV = {
     "detect": "OTEL_GPU_DETECT",
     "shutdown_timeout_s": "OTEL_GPU_SHUTDOWN_TIMEOUT",
     "lock_dir": "OTEL_GPU_LOCK_DIR",
+    "process_command": "OTEL_GPU_PROCESS_COMMAND",
 }
 
 
@@ -51,6 +53,9 @@ class Settings:
     detect: bool = True  # run the detection engine in the agent
     shutdown_timeout_s: float = 5.0  # bound on flush + shutdown
     lock_dir: str | None = None  # where the node-ownership lock lives (default: temp dir)
+    # What process.command (and the process detector's command attributes) hold: redacted,
+    # executable or off (otel_gpu.redact).
+    process_command: str = COMMAND_REDACTED
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **explicit: object) -> Settings:
@@ -84,6 +89,11 @@ class Settings:
             )
         if self.endpoint is not None:
             check_endpoint(self.endpoint)
+        if self.process_command not in COMMAND_MODES:
+            raise UsageError(
+                f"{ENV['process_command']}={self.process_command!r}: use one of "
+                f"{', '.join(COMMAND_MODES)}"
+            )
         if self.max_processes < 1:
             raise UsageError("max processes must be at least 1 (OTEL_GPU_MAX_PROCESSES)")
         for name in (
@@ -123,7 +133,7 @@ def _parse(name: str, raw: object, source: str) -> object:
         if low in _FALSE:
             return False
         raise UsageError(f"{source}={text!r}: use true or false")
-    if name in ("simulate", "exporter"):
+    if name in ("simulate", "exporter", "process_command"):
         return text.lower()
     return text
 
