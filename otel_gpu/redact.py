@@ -27,8 +27,10 @@ import math
 import os
 import re
 from collections.abc import Sequence
+from typing import TypeVar, cast
 
 MASK = "***"
+_T = TypeVar("_T")
 
 # OTEL_GPU_PROCESS_COMMAND: what the process.command attribute (and the process resource
 # detector's command attributes) hold.
@@ -135,7 +137,10 @@ _HEX = re.compile(r"[0-9a-fA-F-]+")
 _WORDS = re.compile(r"[A-Z]?[a-z]{3,}")  # "Causal", "model": what identifiers are made of
 RANDOM_MIN_LEN = 20  # characters
 RANDOM_MAX_WORDY = 0.6  # share of characters inside 4+ letter words (random base62: < 0.5)
-RANDOM_CHARS_PER_SEPARATOR = 8  # "sft-Qwen2-0-5B-lr3e-4" is a name, not a key
+# Names joined from short pieces ("sft-Qwen2-0-5B-lr3e-4", a pod's "trainer-7f9c8d6b5-x2k9p")
+# are not keys: the longest piece between - _ + = needs this many characters, unless all three
+# character classes are present and separators are sparse (base64url: one in 32 on average).
+RANDOM_MIN_PIECE = 16
 
 
 def random_entropy_floor(n: int) -> float:
@@ -146,14 +151,16 @@ def random_entropy_floor(n: int) -> float:
 
 def _looks_random(run: str) -> bool:
     """A credential-like random string: 20+ characters of at least two of lower case, upper
-    case and digits, few separators, not made of words (``LlamaForCausalLM``), and Shannon
+    case and digits, a piece of 16+ between separators (or sparse separators), not made of words (``LlamaForCausalLM``), and Shannon
     entropy above :func:`random_entropy_floor`. Hex (git SHAs, UUIDs, hashes) is kept."""
     n = len(run)
     classes = any(c.islower() for c in run) + any(c.isupper() for c in run)
     classes += any(c.isdigit() for c in run)
     if n < RANDOM_MIN_LEN or classes < 2 or _HEX.fullmatch(run):
         return False
-    if len(_SEPARATORS.findall(run)) * RANDOM_CHARS_PER_SEPARATOR > n:
+    separators = len(_SEPARATORS.findall(run))
+    longest = max(len(piece) for piece in _SEPARATORS.split(run))
+    if longest < RANDOM_MIN_PIECE and not (classes == 3 and separators * 6 <= n):
         return False
     if sum(len(w) for w in _WORDS.findall(run)) >= RANDOM_MAX_WORDY * n:
         return False
@@ -302,14 +309,14 @@ def redact_text(text: str) -> str:
     return "".join(parts)
 
 
-def redact_value(value: object) -> object:
+def redact_value(value: _T) -> _T:
     """An attribute or JSON value with every string in it redacted (dicts, lists, tuples)."""
     if isinstance(value, str):
-        return redact_text(value)
+        return cast(_T, redact_text(value))
     if isinstance(value, dict):
-        return {k: redact_value(v) for k, v in value.items()}
+        return cast(_T, {k: redact_value(v) for k, v in value.items()})
     if isinstance(value, list | tuple):
-        return type(value)(redact_value(v) for v in value)
+        return cast(_T, type(value)(redact_value(v) for v in value))
     return value
 
 

@@ -222,7 +222,7 @@ def test_random_strings_are_masked_and_identifiers_are_not() -> None:
     kept = [
         "per_device_train_batch_size", "Qwen2ForSequenceClassification", SHA,
         "0123456789abcdef0123456789ABCDEF", "MyExperimentRunDecember2024",
-        "checkpoint-1000_best_model_v2", "train_data_2024_12_01_final",
+        "checkpoint-1000_best_model_v2", "train_data_2024_12_01_final", "trainer-7f9c8d6b5-x2k9p",
     ]  # fmt: skip
     assert [redact_text(k) for k in kept] == kept
 
