@@ -26,7 +26,7 @@ import functools
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TypeVar, cast
 
 MASK = "***"
@@ -270,7 +270,10 @@ def _redact_piece(arg: str) -> tuple[str, int]:
 
 def redact_args(args: Sequence[str]) -> list[str]:
     """``args`` with every credential replaced by ``***`` (see the module docstring)."""
-    out: list[str] = []
+    return list(_redacted(args))
+
+
+def _redacted(args: Iterable[str]) -> Iterator[str]:
     expect = _NEXT_FREE
     for arg in args:
         if expect != _NEXT_FREE and arg and not _FLAG_LIKE.match(arg):
@@ -285,16 +288,23 @@ def redact_args(args: Sequence[str]) -> list[str]:
                 # A cookie list split on spaces ("a=1;" "b=2") continues to the last pair.
                 if text == MASK and arg.endswith((";", ",")):
                     expect = _NEXT_HEADER
-            out.append(text)
+            yield text
             continue
         text, expect = _redact_piece(arg)
-        out.append(_scrub_formats(text))
-    return out
+        yield _scrub_formats(text)
 
 
-def redact_command(args: Sequence[str]) -> str:
-    """A command line joined with spaces, credentials masked."""
-    return " ".join(redact_args(args))
+def redact_command(args: Sequence[str], max_len: int | None = None) -> str:
+    """A command line joined with spaces, credentials masked; cut to ``max_len`` characters
+    (the arguments past the cut are not even looked at: redaction only looks back)."""
+    out: list[str] = []
+    length = -1
+    for arg in _redacted(args):
+        out.append(arg)
+        length += len(arg) + 1
+        if max_len is not None and length >= max_len:
+            break
+    return " ".join(out)[:max_len]
 
 
 _SPACE = re.compile(r"(\s+)")
@@ -345,10 +355,13 @@ def program(args: Sequence[str]) -> str:
     return " ".join(a for a in shown if a)
 
 
-def command_attribute(args: Sequence[str], mode: str = COMMAND_REDACTED) -> str | None:
-    """``process.command`` for ``args`` under ``OTEL_GPU_PROCESS_COMMAND`` (``mode``)."""
+def command_attribute(
+    args: Sequence[str], mode: str = COMMAND_REDACTED, max_len: int | None = None
+) -> str | None:
+    """``process.command`` for ``args`` under ``OTEL_GPU_PROCESS_COMMAND`` (``mode``), at most
+    ``max_len`` characters."""
     if not args or mode == COMMAND_OFF:
         return None
     if mode == COMMAND_EXECUTABLE:
-        return program(args)
-    return redact_command(args)
+        return program(args)[:max_len]
+    return redact_command(args, max_len)

@@ -254,3 +254,11 @@ def test_redact_value_walks_json_like_values() -> None:
         "args": ["--api_key", "abc"],  # list items are separate values, judged alone
         "t": ("a", "hf_***"),
     }
+
+
+@pytest.mark.parametrize("max_len", [1, 20, 33, 34, 35, 60, 1000])
+def test_a_cut_command_is_the_prefix_of_the_whole(max_len: int) -> None:
+    argv = [*P, "--hf_token", HF, "--lr", "3e-4", "-H", "Authorization: Bearer abc"]
+    whole = redact_command(argv)
+    assert redact_command(argv, max_len) == whole[:max_len]
+    assert command_attribute(argv, "executable", 8) == "python t"

@@ -449,9 +449,7 @@ class ProcessTree:
             if args is None:
                 return None  # exited
             # Redacted before it is cut, so a cut never exposes part of a secret.
-            command = command_attribute(args, self.command_mode)
-            if command is not None:
-                command = command[: self.command_max_len]
+            command = command_attribute(args, self.command_mode, self.command_max_len)
             known = bool(args)
         try:
             exe = os.path.basename(os.readlink(f"{base}/exe")).removesuffix(" (deleted)")
