@@ -107,8 +107,9 @@ def _secret_query_name(name: str) -> bool:
 
 # -- known token formats and random-looking strings ---------------------------------------------
 
-# (?<!...) keeps "task-..." from matching "sk-...". The "keep" group is the public prefix shown.
-_EDGE = r"(?<![A-Za-z0-9_-])"
+# A token starts a word ("task-..." is not "sk-..."), or follows a percent-escape ("%20hf_...").
+# The named group of each format is its public prefix, shown before the mask.
+_EDGE = r"(?:(?<![A-Za-z0-9_-])|(?<=%[0-9A-Fa-f]{2}))"
 _FORMATS = re.compile(
     "|".join(
         _EDGE + p
@@ -134,9 +135,9 @@ _FORMATS = re.compile(
 _RUN = re.compile(r"[A-Za-z0-9+=_-]{20,}")
 _SEPARATORS = re.compile(r"[+=_-]")
 _HEX = re.compile(r"[0-9a-fA-F-]+")
-_WORDS = re.compile(r"[A-Z]?[a-z]{3,}")  # "Causal", "model": what identifiers are made of
+_WORDS = re.compile(r"[A-Z]?[a-z]{3,}")
 RANDOM_MIN_LEN = 20  # characters
-RANDOM_MAX_WORDY = 0.6  # share of characters inside 4+ letter words (random base62: < 0.5)
+RANDOM_MAX_WORDY = 0.6  # share of characters in words ("Causal", "model"); random base62: < 0.5
 # Names joined from short pieces ("sft-Qwen2-0-5B-lr3e-4", a pod's "trainer-7f9c8d6b5-x2k9p")
 # are not keys: the longest piece between - _ + = needs this many characters, unless all three
 # character classes are present and separators are sparse (base64url: one in 32 on average).
@@ -151,8 +152,9 @@ def random_entropy_floor(n: int) -> float:
 
 def _looks_random(run: str) -> bool:
     """A credential-like random string: 20+ characters of at least two of lower case, upper
-    case and digits, a piece of 16+ between separators (or sparse separators), not made of words (``LlamaForCausalLM``), and Shannon
-    entropy above :func:`random_entropy_floor`. Hex (git SHAs, UUIDs, hashes) is kept."""
+    case and digits, a piece of 16+ between separators (or sparse separators), not made of
+    words (``LlamaForCausalLM``), and Shannon entropy above :func:`random_entropy_floor`.
+    Hex (git SHAs, UUIDs, hashes) is kept."""
     n = len(run)
     classes = any(c.islower() for c in run) + any(c.isupper() for c in run)
     classes += any(c.isdigit() for c in run)
@@ -349,7 +351,9 @@ def program(args: Sequence[str]) -> str:
             if arg == "-c":
                 shown.append("-c")
                 break
-            if not arg.startswith("-"):
+            if arg in ("-W", "-X"):  # options that take a value
+                next(rest, None)
+            elif not arg.startswith("-"):
                 shown.append(arg)
                 break
     return " ".join(a for a in shown if a)

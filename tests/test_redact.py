@@ -111,6 +111,7 @@ CORPUS: list[tuple[list[str], str]] = [
     (["--maps", GOOGLE], "--maps AIza***"),
     (["--opaque", RANDOM], "--opaque ***"),
     (["--cfg=x:" + RANDOM], "--cfg=x:***"),
+    (["--q=Bearer%20" + HF], "--q=Bearer%20hf_***"),
     # ordinary arguments survive (negative rows)
     (["--lr", "3e-4", "--max_steps", "10"], "--lr 3e-4 --max_steps 10"),
     (["--output_dir", "/tmp/x"], "--output_dir /tmp/x"),
@@ -237,6 +238,7 @@ def test_program_survives_every_mode() -> None:
         "python -m torch.distributed.run"
     )
     assert program(["python", "-c", "print(1)"]) == "python -c"
+    assert program(["python3", "-W", "ignore", "-X", "dev", "t.py", "-v"]) == "python3 t.py"
     assert program(["torchrun", "--nproc_per_node", "8", "train.py"]) == "torchrun"
     assert redact_args(["swift", "sft", "--hub_token", "x"]) == [
         "swift",
