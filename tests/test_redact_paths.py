@@ -105,12 +105,13 @@ def test_process_command_of_a_real_child_in_each_mode(
     assert not any(s in str(attrs) for s in SECRETS)
 
 
-def test_console_exporter_shows_no_credential(script: Path) -> None:
+def test_console_exporter_shows_no_credential(script: Path, tmp_path: Path) -> None:
     """``otel-gpu run --exporter console``: the job's process.command and the resource (a
     process.command_line given in OTEL_RESOURCE_ATTRIBUTES) are printed redacted."""
     line = "python train.py --token=" + GHP
     env = offline_env(
-        T="1.5",
+        T="2.5",
+        OTEL_GPU_LOCK_DIR=str(tmp_path),
         OTEL_RESOURCE_ATTRIBUTES=f"process.command_line={line},deployment.environment=dev",
     )
     res = subprocess.run(
@@ -191,9 +192,13 @@ def test_instrumented_job_exports_no_credential(tmp_path: Path) -> None:
             f"""
             import time
             from opentelemetry._logs import get_logger
+            from otel_gpu.distro import current_setup
             get_logger("job").emit(body="logged in with HF_TOKEN={HF}",
                                    attributes={{"cmd": "curl -u bob:{PASSWORD} x"}})
-            time.sleep(1.5)
+            agent = current_setup().agent.wait_started(20)
+            deadline = time.monotonic() + 20
+            while agent.sampler.latest is None and time.monotonic() < deadline:
+                time.sleep(0.05)  # the node agent has sampled this process once
             """
         )
     )
@@ -203,6 +208,7 @@ def test_instrumented_job_exports_no_credential(tmp_path: Path) -> None:
             OTEL_EXPORTER_OTLP_INSECURE="true",
             OTEL_GPU_SIMULATE="steady",
             OTEL_GPU_INTERVAL="0.2",
+            OTEL_GPU_LOCK_DIR=str(tmp_path),  # this job owns its node whatever else runs here
             OTEL_METRIC_EXPORT_INTERVAL="500",
             OTEL_RESOURCE_ATTRIBUTES=f"process.command_line=python train.py --token {GHP}",
         )
@@ -313,6 +319,11 @@ def test_webhooks_carry_no_credential() -> None:
     slack = next(d for d in docs if "alert" not in d)
     assert "--repo ghp_***" in slack["text"]
     assert not any(s.encode() in b for s in SECRETS for b in bodies)
+
+
+def test_the_setting_is_an_opentelemetry_instrument_flag() -> None:
+    out = subprocess.run([INSTRUMENT, "--help"], capture_output=True, text=True, timeout=60)
+    assert "--gpu_process_command" in out.stdout
 
 
 def test_agent_settings_default_to_redacted() -> None:
