@@ -81,6 +81,7 @@ class Agent:
                     max_processes=settings.max_processes,
                     discovery_period_s=DISCOVERY_PERIOD_S,
                     roots=tuple(roots),
+                    process_command=settings.process_command,
                 )
             )
         else:
@@ -91,6 +92,7 @@ class Agent:
                 proc_root=settings.proc_root,
                 max_processes=settings.max_processes,
                 discovery_period_s=DISCOVERY_PERIOD_S,
+                command_mode=settings.process_command,
             )
             self.sampler = Sampler(
                 source if source is not None else make_source(settings, visible_devices),

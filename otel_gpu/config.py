@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields, replace
 from urllib.parse import urlsplit
 
 from otel_gpu.errors import UsageError
+from otel_gpu.redact import COMMAND_MODES, COMMAND_REDACTED
 
 SIM_SCENARIOS = ("steady", "leak", "stall")
 EXPORTERS = ("otlp", "console", "none")
@@ -34,6 +35,7 @@ ENV = {
     "sampler": "OTEL_GPU_SAMPLER",
     "health": "OTEL_GPU_HEALTH",
     "health_export_grace_s": "OTEL_GPU_HEALTH_EXPORT_GRACE",
+    "process_command": "OTEL_GPU_PROCESS_COMMAND",
 }
 SAMPLER_MODES = ("process", "thread")
 
@@ -60,6 +62,9 @@ class Settings:
     sampler: str = "process"
     health: str | None = None  # HOST:PORT of the /healthz endpoint; None: no endpoint
     health_export_grace_s: float = 60.0  # exports failing this long make /healthz 503
+    # What process.command (and the process detector's command attributes) hold: redacted,
+    # executable or off (otel_gpu.redact).
+    process_command: str = COMMAND_REDACTED
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **explicit: object) -> Settings:
@@ -96,6 +101,11 @@ class Settings:
         if self.sampler not in SAMPLER_MODES:
             raise UsageError(
                 f"{ENV['sampler']}={self.sampler!r}: use one of {', '.join(SAMPLER_MODES)}"
+            )
+        if self.process_command not in COMMAND_MODES:
+            raise UsageError(
+                f"{ENV['process_command']}={self.process_command!r}: use one of "
+                f"{', '.join(COMMAND_MODES)}"
             )
         if self.max_processes < 1:
             raise UsageError("max processes must be at least 1 (OTEL_GPU_MAX_PROCESSES)")
@@ -146,7 +156,7 @@ def _parse(name: str, raw: object, source: str) -> object:
     if name == "health":
         check_hostport(text, "--health" if source == "argument" else f"{source}=")
         return text
-    if name in ("simulate", "exporter", "sampler"):
+    if name in ("simulate", "exporter", "sampler", "process_command"):
         return text.lower()
     return text
 

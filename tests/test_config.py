@@ -40,6 +40,7 @@ def test_environment_overrides_default_and_argument_overrides_environment() -> N
         ({"OTEL_GPU_DETECT": "maybe"}, "use true or false"),
         ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://host:notaport"}, "bad OTLP endpoint"),
         ({"OTEL_GPU_MAX_PROCESSES": "0"}, "OTEL_GPU_MAX_PROCESSES"),
+        ({"OTEL_GPU_PROCESS_COMMAND": "full"}, "use one of redacted, executable, off"),
     ],
 )
 def test_bad_values_name_the_setting_and_the_fix(env: dict[str, str], needle: str) -> None:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu.sampling.procs import ProcessTree, redact_command
+from otel_gpu.redact import redact_command
+from otel_gpu.sampling.procs import ProcessTree
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")

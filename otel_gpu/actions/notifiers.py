@@ -32,6 +32,7 @@ from urllib.parse import quote_plus
 
 from otel_gpu.actions.redact import redact_url, secret_fragments
 from otel_gpu.detect.breaker import CLOSED, HALF_OPEN, OPEN, Transition
+from otel_gpu.redact import redact_text, redact_value
 
 # Vendor error codes in a 200 reply that mean "rate limited": worth retrying later.
 _DINGTALK_RETRY = frozenset({130101})  # "send too fast" (20 messages/min per robot)
@@ -77,7 +78,7 @@ class Notifier(Protocol):
 
 
 def format_text(t: Transition, source: str = "") -> tuple[str, str]:
-    """(title, body) in plain text for chat messages."""
+    """(title, body) in plain text for chat messages, credentials masked (otel_gpu.redact)."""
     a = t.alert
     where = f" [{source}]" if source else ""
     if t.to_state == OPEN:
@@ -102,7 +103,7 @@ def format_text(t: Transition, source: str = "") -> tuple[str, str]:
         if facts:
             lines.append(", ".join(facts))
     lines.append(f"episode {t.episode}, {t.from_state} -> {t.to_state} at t={t.time:g} s")
-    return title, "\n".join(lines)
+    return redact_text(title), redact_text("\n".join(lines))
 
 
 class _Base:
@@ -210,7 +211,7 @@ class JsonNotifier(_Base):
     def build(self, t: Transition, wall_time_s: float, source: str = "") -> HttpRequest:
         title, text = format_text(t, source)
         doc = {"title": title, "text": text, "source": source, "sent_at": wall_time_s}
-        doc.update(t.to_dict())
+        doc.update(redact_value(t.to_dict()))
         req = _json_request(self._url, doc)
         req.headers.update(self._headers)
         return req

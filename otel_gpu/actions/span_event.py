@@ -15,6 +15,7 @@ from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
 from otel_gpu.detect.model import Alert
+from otel_gpu.redact import redact_text
 
 EVENT_NAME = "otel_gpu.alert"
 
@@ -36,12 +37,13 @@ def get_job_span() -> trace.Span | None:
 
 
 def alert_attributes(alert: Alert) -> dict[str, AttributeValue]:
-    """Event attributes for ``alert``; unknown values are left out, never written as 0."""
+    """Event attributes for ``alert`` (credentials masked); unknown values are left out, never
+    written as 0."""
     attrs: dict[str, AttributeValue] = {
         "otel_gpu.alert.kind": alert.kind,
-        "otel_gpu.alert.subject": alert.subject,
+        "otel_gpu.alert.subject": redact_text(alert.subject),
         "otel_gpu.alert.severity": alert.severity,
-        "otel_gpu.alert.message": alert.message,
+        "otel_gpu.alert.message": redact_text(alert.message),
         "otel_gpu.alert.time": alert.time,
     }
     optional = (

@@ -87,11 +87,14 @@ def build_resource(
     service_name: str | None, command: Sequence[str] | None = None, settings: Settings | None = None
 ) -> Resource:
     """Service, git provenance, GPU host and job context (each detector is bounded and never
-    raises). The host detector reads the same GPU source the agent will (NVML or simulated)."""
+    raises). The host detector reads the same GPU source the agent will (NVML or simulated).
+    Command-line attributes (the SDK's process detector) follow ``process_command``."""
     from opentelemetry.sdk.resources import ResourceDetector, get_aggregated_resources
 
     from otel_gpu.agent import make_source
     from otel_gpu.export import default_service_name
+    from otel_gpu.redact import COMMAND_REDACTED
+    from otel_gpu.redact_sdk import redact_resource
     from otel_gpu.resource import GitResourceDetector, GpuHostResourceDetector, JobResourceDetector
 
     detectors: list[ResourceDetector] = [GitResourceDetector(), JobResourceDetector()]
@@ -99,7 +102,9 @@ def build_resource(
         detectors.append(GpuHostResourceDetector(source_factory=lambda: make_source(settings)))
     name = service_name or default_service_name(command)
     base = Resource.create({SERVICE_NAME: name})
-    return get_aggregated_resources(detectors, initial_resource=base, timeout=5)
+    resource = get_aggregated_resources(detectors, initial_resource=base, timeout=5)
+    mode = settings.process_command if settings is not None else COMMAND_REDACTED
+    return redact_resource(resource, mode)
 
 
 class AgentEndpoints:

@@ -32,6 +32,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_C
 from otel_gpu import __version__
 from otel_gpu.detect.breaker import OPEN, Transition
 from otel_gpu.detect.model import Alert
+from otel_gpu.redact import redact_text
 
 SCOPE_NAME = "otel_gpu.processor"
 ALERT_EVENT = "otel_gpu.alert"
@@ -118,7 +119,7 @@ def logs_request(
                 critical = item.severity == "critical"
                 rec.severity_number = SEVERITY_NUMBER_ERROR if critical else SEVERITY_NUMBER_WARN
                 rec.severity_text = "ERROR" if critical else "WARN"
-                rec.body.string_value = item.message
+                rec.body.string_value = redact_text(item.message)
                 rec.attributes.extend(_kvs(alert_attributes(item)))
             elif isinstance(item, Transition):
                 rec.time_unix_nano = int(item.time * 1e9)
@@ -126,7 +127,7 @@ def logs_request(
                 opened = item.to_state == OPEN
                 rec.severity_number = SEVERITY_NUMBER_WARN if opened else SEVERITY_NUMBER_INFO
                 rec.severity_text = "WARN" if opened else "INFO"
-                rec.body.string_value = item.reason
+                rec.body.string_value = redact_text(item.reason)
                 extra = [
                     ("otel_gpu.breaker.from_state", item.from_state),
                     ("otel_gpu.breaker.to_state", item.to_state),

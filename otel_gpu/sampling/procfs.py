@@ -1,4 +1,4 @@
-"""Readers for the few ``/proc`` files the process tree needs, and command-line redaction.
+"""Readers for the few ``/proc`` files the process tree needs.
 
 Plain functions of ``(proc_root, pid)``: no state, no psutil. Each returns ``None`` (or an empty
 value) when the process is gone or the file is unreadable; callers decide what that means.
@@ -8,14 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-
-# Arguments whose value is a credential: "--hf-token X", "--api_key=X", "PASSWORD=X".
-_SECRET_KEY = re.compile(r"(token|passw(or)?d|secret|api[_-]?key|access[_-]?key|credential)", re.I)
-_URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
 
 
 class ProcStat:
@@ -123,23 +118,3 @@ def read_boot_time(proc_root: str) -> float | None:
             if line.startswith("btime"):
                 return float(line.split()[1])
     return None
-
-
-def redact_command(args: list[str]) -> str:
-    """Join a command line with credentials masked (``--token X``, ``key=X``, ``https://u:p@``)."""
-    out: list[str] = []
-    mask_next = False
-    for arg in args:
-        if mask_next:
-            out.append("***")
-            mask_next = False
-            continue
-        arg = _URL_CREDENTIALS.sub("***@", arg)
-        key, eq, _value = arg.partition("=")
-        if _SECRET_KEY.search(key):
-            if eq:
-                arg = f"{key}=***"
-            elif arg.startswith("-"):
-                mask_next = True
-        out.append(arg)
-    return " ".join(out)

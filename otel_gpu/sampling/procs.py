@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from otel_gpu.redact import COMMAND_MODES, COMMAND_OFF, COMMAND_REDACTED, command_attribute
 from otel_gpu.sampling.procfs import (
     CLK_TCK,
     PAGE_SIZE,
@@ -38,11 +39,10 @@ from otel_gpu.sampling.procfs import (
     read_cmdline,
     read_stat,
     read_status,
-    redact_command,
 )
 from otel_gpu.sampling.snapshot import ProcessSample
 
-__all__ = ["UNMAPPED_FIX", "ProcessReading", "ProcessTree", "redact_command"]
+__all__ = ["UNMAPPED_FIX", "ProcessReading", "ProcessTree"]
 
 log = logging.getLogger("otel_gpu.procs")
 
@@ -75,6 +75,7 @@ class _Static:
     owner: str | None
     vpid: int | None
     young: bool = False  # read in the process's first moments: read again next time
+    command_known: bool = True  # False: an empty command line (mid-exec), read again next time
 
 
 def fd_count_by_stat(proc_root: str) -> bool:
@@ -108,15 +109,22 @@ class ProcessTree:
         clock: Callable[[], float] = time.monotonic,
         discovery_period_s: float = 0.0,
         skip_pids: Iterable[int] = (),
+        command_mode: str = COMMAND_REDACTED,
     ) -> None:
         """``root_pids`` are PIDs as the agent sees them (in ``agent_proc_root``); when
         ``proc_root`` is another namespace's /proc (the host's, mounted into a container) they
         are translated to it. ``cpu_count``: CPUs available (default: the agent's affinity set),
         the denominator of ``cpu_utilization``. ``host_pid_namespace``: whether ``proc_root``
         shows host PIDs (default: detected from visible kernel threads). ``skip_pids``: PIDs
-        never read (an earlier sampler hung reading them)."""
+        never read (an earlier sampler hung reading them). ``command_mode``
+        (``OTEL_GPU_PROCESS_COMMAND``): ``process.command`` is the command line with
+        credentials masked (``redacted``), the program only (``executable``) or absent
+        (``off``); see :mod:`otel_gpu.redact`."""
         if max_processes < 1:
             raise ValueError("max_processes must be >= 1")
+        if command_mode not in COMMAND_MODES:
+            raise ValueError(f"command_mode must be one of {', '.join(COMMAND_MODES)}")
+        self.command_mode = command_mode
         self.proc_root = proc_root
         self.max_processes = max_processes
         self.command_max_len = command_max_len
@@ -423,7 +431,7 @@ class ProcessTree:
                 return None  # exited while we read it
             created = static.create_time
             static.young = created is not None and time.time() - created < EXEC_GRACE_S
-            if static.command is not None or st.state == "Z":  # empty: mid-exec, ask again
+            if static.command_known or st.state == "Z":  # empty: mid-exec, ask again
                 self._static[key] = static
         if st.state == "Z":  # a zombie has released its memory and files: unknown, not 0
             return ProcessSample(
@@ -458,10 +466,14 @@ class ProcessTree:
 
     def _read_static(self, pid: int, st: ProcStat) -> _Static | None:
         base = f"{self.proc_root}/{pid}"
-        args = read_cmdline(self.proc_root, pid, max(4096, self.command_max_len * 4))
-        if args is None:
-            return None  # exited
-        command = redact_command(args)[: self.command_max_len] if args else None
+        command, known = None, True
+        if self.command_mode != COMMAND_OFF:
+            args = read_cmdline(self.proc_root, pid, max(4096, self.command_max_len * 4))
+            if args is None:
+                return None  # exited
+            # Redacted before it is cut, so a cut never exposes part of a secret.
+            command = command_attribute(args, self.command_mode, self.command_max_len)
+            known = bool(args)
         try:
             exe = os.path.basename(os.readlink(f"{base}/exe")).removesuffix(" (deleted)")
         except OSError:  # other users' processes, kernel threads, zombies
@@ -476,6 +488,7 @@ class ProcessTree:
             command,
             self._user(uid),
             vpid,
+            command_known=known,
         )
 
     def _user(self, uid: int | None) -> str | None:

@@ -107,6 +107,7 @@ def main() -> int:
         max_processes=spec.max_processes,
         discovery_period_s=spec.discovery_period_s,
         skip_pids=spec.skip_pids,
+        command_mode=spec.process_command,
     )
     monitor.tree = tree
     tree.set_roots(spec.roots)  # reads /proc: under the monitor's eye

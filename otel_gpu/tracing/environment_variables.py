@@ -25,3 +25,7 @@ OTEL_GPU_TRAIN_TRACEPARENT = "OTEL_GPU_TRAIN_TRACEPARENT"
 """W3C ``traceparent`` of the run's ``train`` root span. Set by the first instrumented process
 (the launcher) for its children; set it yourself to the same value on every node to get one
 trace for a multi-node job."""
+
+OTEL_GPU_PROCESS_COMMAND = "OTEL_GPU_PROCESS_COMMAND"
+"""What ``process.command`` (and the process resource detector's command attributes) hold:
+``redacted`` (default: credentials masked), ``executable`` (the program only) or ``off``."""

@@ -38,6 +38,7 @@ from opentelemetry.util._importlib_metadata import entry_points
 
 from otel_gpu.config import Settings
 from otel_gpu.errors import UsageError
+from otel_gpu.redact_sdk import RedactingLogProcessor, redact_resource
 from otel_gpu.tracing import context, ids, progress
 
 log = logging.getLogger("otel_gpu.distro")
@@ -66,7 +67,7 @@ def build(role: str, auto_instrumentation_version: str | None = None) -> Setup:
     attributes: dict[str, Any] = {"process.pid": os.getpid()}
     if auto_instrumentation_version:
         attributes["telemetry.auto.version"] = auto_instrumentation_version
-    resource = Resource.create(attributes)
+    resource = redact_resource(Resource.create(attributes), agent_settings.process_command)
 
     tracer_provider = TracerProvider(
         resource=resource, id_generator=ids.PresetIdGenerator(), shutdown_on_exit=False
@@ -80,6 +81,7 @@ def build(role: str, auto_instrumentation_version: str | None = None) -> Setup:
         resource=resource, metric_readers=readers, shutdown_on_exit=False
     )
     logger_provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
+    logger_provider.add_log_record_processor(RedactingLogProcessor())  # before any exporter
     for exporter in _exporters("logs"):
         logger_provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
     trace.set_tracer_provider(tracer_provider)

@@ -8,6 +8,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry._logs import SeverityNumber, get_logger
 
+from otel_gpu.redact import redact_text
 from otel_gpu.tracing.control import StopDecision
 
 log = logging.getLogger("otel_gpu.stop")
@@ -17,13 +18,14 @@ STOP_EVENT = "otel_gpu.stop"
 
 def record_stop(run: Any, decision: StopDecision, step: int) -> None:
     """Record that the ranks agreed to checkpoint and stop at ``step``; never raises."""
+    reason = redact_text(decision.reason)  # free text from request_stop(), maybe an alert's
     attrs = {
-        "otel_gpu.stop.reason": decision.reason,
+        "otel_gpu.stop.reason": reason,
         "otel_gpu.stop.requested_by_rank": decision.requested_by,
         "training.step": step,
         **run.rank.attributes(),
     }
-    message = f"otel-gpu: saving a checkpoint and stopping at step {step}: {decision.reason}"
+    message = f"otel-gpu: saving a checkpoint and stopping at step {step}: {reason}"
     log.warning(message)
     try:
         run.event(STOP_EVENT, attrs)

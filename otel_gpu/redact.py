@@ -1,0 +1,371 @@
+"""Keeping credentials out of everything the agent exports: the one set of redaction rules.
+
+Every path that can carry a command line or free text off the machine goes through here: the
+``process.command`` attribute (:func:`command_attribute`), the SDK process detector's resource
+attributes, log records, alert messages and webhook payloads (:func:`redact_text`,
+:func:`redact_value`). A new secret shape is added here once and holds everywhere.
+
+What is masked (README "What is redacted"), each replaced by ``***``:
+
+- the value of a flag or ``KEY=VALUE`` pair whose *name* is secret (:func:`is_secret_name`):
+  ``--hf_token X``, ``--db-pass=X``, ``-password X``, ``HF_TOKEN=X``, ``-Dpassword=X``;
+- header values of secret headers (Authorization, Proxy-Authorization, Cookie, ``*-Key``,
+  ``*-Token``, ...), keeping the auth scheme: ``Authorization: Bearer ***``;
+- URL user-info (``https://***@host``) and secret query parameters (``?access_token=***``);
+- ``user:password`` after ``--user`` / ``-u`` (curl);
+- known token formats anywhere (:data:`_FORMATS`), keeping their public prefix (``hf_***``);
+- long random-looking strings (:func:`_looks_random`).
+
+Rules work on whole arguments, so an executable, a script, a path or a model name
+(``Qwen/Qwen2.5-0.5B-Instruct``) survives: only values judged secret are replaced.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TypeVar, cast
+
+MASK = "***"
+_T = TypeVar("_T")
+
+# OTEL_GPU_PROCESS_COMMAND: what the process.command attribute (and the process resource
+# detector's command attributes) hold.
+COMMAND_REDACTED = "redacted"  # the command line with secrets masked
+COMMAND_EXECUTABLE = "executable"  # the program only (and a Python script or -m module)
+COMMAND_OFF = "off"  # no command attribute
+COMMAND_MODES = (COMMAND_REDACTED, COMMAND_EXECUTABLE, COMMAND_OFF)
+
+# -- secret names ------------------------------------------------------------------------------
+
+# Words that are never credentials although they end like one (``bypass`` ends with "pass").
+_NOT_SECRET_WORDS = frozenset({"bypass", "compass", "surpass", "overpass"})
+# Tokenizer special tokens (``--pad_token "<|endoftext|>"``) are vocabulary, not credentials.
+_SPECIAL_TOKEN_WORDS = frozenset({"pad", "eos", "bos", "unk", "sep", "cls", "mask", "special"})
+# Dataset field names (``--input_key prompt``, OpenRLHF, TRL) and KV-cache terms are not keys.
+_DATA_KEY_WORDS = frozenset(
+    {
+        "input", "output", "label", "text", "prompt", "response", "chosen", "rejected", "image",
+        "sort", "metric", "column", "dataset", "query", "answer", "reward", "message", "messages",
+        "system", "group", "partition", "primary",
+    }
+)  # fmt: skip
+# Trailing words that still name the credential itself (``--api_key_b64 X``).
+_VALUE_SUFFIX = re.compile(r"(?<=[a-z])[-_.]?(value|str|string|b64|base64|raw|hex)$", re.I)
+# Query parameters of signed URLs (S3 presigned, Azure SAS, OAuth redirects).
+_QUERY_SECRET_WORDS = frozenset({"sig", "signature", "sign", "code"})
+
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+_PART = re.compile(r"[^A-Za-z0-9]+")
+
+
+def _words(name: str) -> list[str]:
+    """``--hubToken_v2`` -> ["hub", "token", "v", "2"]: split on punctuation and camelCase."""
+    return [w.lower() for part in _PART.split(name) for w in _WORD.findall(part)]
+
+
+def _secret_word(w: str) -> bool:
+    if w in _NOT_SECRET_WORDS:
+        return False
+    return (
+        w.endswith(("token", "key", "secret", "secrets", "cookie", "cookies", "session"))
+        or w.endswith(("pass", "passwd", "password", "passwords", "pwd", "auth"))
+        or w.endswith(("credential", "credentials", "creds"))
+        or w in ("pw", "passphrase", "passcode")
+        or w.startswith(("authoriz", "authoris", "authentic"))
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def is_secret_name(name: str) -> bool:
+    """Whether a flag, variable, header or parameter named ``name`` holds a credential.
+
+    The name's *last* word decides (split on ``-``, ``_``, ``.`` and camelCase; a trailing
+    ``value``/``b64``-like word is skipped): it is, or ends with, token, key, secret, pass /
+    password / pwd, auth / authorization, credential(s), cookie or session. So ``--hf_token``,
+    ``X-Api-Key``, ``AWS_SECRET_ACCESS_KEY`` and ``--db-pass`` are secret, while
+    ``--tokenizer_name``, ``--max_tokens``, ``--token_file``, ``--num_key_value_heads`` and
+    ``--moe_token_dispatcher_type`` are not; nor are special tokens (``--pad_token``) and
+    dataset fields (``--input_key``).
+    """
+    words = _words(_VALUE_SUFFIX.sub("", name))
+    if not words or not _secret_word(words[-1]):
+        return False
+    prev = words[-2] if len(words) > 1 else ""
+    if words[-1] == "token" and prev in _SPECIAL_TOKEN_WORDS:
+        return False
+    return not (words[-1] == "key" and prev in _DATA_KEY_WORDS)
+
+
+def _secret_query_name(name: str) -> bool:
+    words = _words(name)
+    return bool(words) and (words[-1] in _QUERY_SECRET_WORDS or is_secret_name(name))
+
+
+# -- known token formats and random-looking strings ---------------------------------------------
+
+# A token starts a word ("task-..." is not "sk-..."), or follows a percent-escape ("%20hf_...").
+# The named group of each format is its public prefix, shown before the mask.
+_EDGE = r"(?:(?<![A-Za-z0-9_-])|(?<=%[0-9A-Fa-f]{2}))"
+_FORMATS = re.compile(
+    "|".join(
+        _EDGE + p
+        for p in (
+            r"(?P<hf>hf_)[A-Za-z0-9]{30,}",  # Hugging Face
+            r"(?P<gh>gh[pousr]_)[A-Za-z0-9]{30,}",  # GitHub classic (PAT, OAuth, app, refresh)
+            r"(?P<ghf>github_pat_)[A-Za-z0-9_]{30,}",  # GitHub fine-grained
+            r"(?P<sk>sk-(?:ant-|proj-|svcacct-|admin-)?)[A-Za-z0-9_-]{20,}",  # OpenAI, Anthropic
+            r"(?P<slack>xox[abposre]-|xapp-)[A-Za-z0-9-]{10,}",  # Slack bot/user/app tokens
+            r"(?P<aws>AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}(?![A-Za-z0-9])",  # AWS access key id
+            r"(?P<gl>gl(?:pat|ptt|dt|rt|cbt|soat|oas)-)[A-Za-z0-9_-]{20,}",  # GitLab
+            r"(?P<goog>AIza)[0-9A-Za-z_-]{35}",  # Google API key
+            r"(?P<stripe>[rs]k_(?:live|test)_)[0-9A-Za-z]{16,}",  # Stripe
+            r"(?P<pypi>pypi-)AgE[A-Za-z0-9_-]{50,}",  # PyPI upload token
+            r"(?P<npm>npm_)[A-Za-z0-9]{36}",  # npm
+            r"(?P<jwt>eyJ)[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*",  # JWT
+        )
+    )
+)
+# Candidates for the randomness test: runs of base64url-ish characters. "/" and "." end a run,
+# so paths, hosts and model names are judged piece by piece (a base64 secret holding "/" is
+# caught by its flag or variable name instead).
+_RUN = re.compile(r"[A-Za-z0-9+=_-]{20,}")
+_SEPARATORS = re.compile(r"[+=_-]")
+_HEX = re.compile(r"[0-9a-fA-F-]+")
+_WORDS = re.compile(r"[A-Z]?[a-z]{3,}")
+RANDOM_MIN_LEN = 20  # characters
+RANDOM_MAX_WORDY = 0.6  # share of characters in words ("Causal", "model"); random base62: < 0.5
+# Names joined from short pieces ("sft-Qwen2-0-5B-lr3e-4", a pod's "trainer-7f9c8d6b5-x2k9p")
+# are not keys: the longest piece between - _ + = needs this many characters, unless all three
+# character classes are present and separators are sparse (base64url: one in 32 on average).
+RANDOM_MIN_PIECE = 16
+
+
+def random_entropy_floor(n: int) -> float:
+    """Bits per character a random base62 string of length ``n`` reaches 99 times in 100
+    (3.6 at 20 characters, 4.2 at 32, 4.5 at 40), lowered by a margin; capped at 4.3."""
+    return min(4.3, 3.5 + 0.04 * (n - RANDOM_MIN_LEN))
+
+
+def _looks_random(run: str) -> bool:
+    """A credential-like random string: 20+ characters of at least two of lower case, upper
+    case and digits, a piece of 16+ between separators (or sparse separators), not made of
+    words (``LlamaForCausalLM``), and Shannon entropy above :func:`random_entropy_floor`.
+    Hex (git SHAs, UUIDs, hashes) is kept."""
+    n = len(run)
+    classes = any(c.islower() for c in run) + any(c.isupper() for c in run)
+    classes += any(c.isdigit() for c in run)
+    if n < RANDOM_MIN_LEN or classes < 2 or _HEX.fullmatch(run):
+        return False
+    separators = len(_SEPARATORS.findall(run))
+    longest = max(len(piece) for piece in _SEPARATORS.split(run))
+    if longest < RANDOM_MIN_PIECE and not (classes == 3 and separators * 6 <= n):
+        return False
+    if sum(len(w) for w in _WORDS.findall(run)) >= RANDOM_MAX_WORDY * n:
+        return False
+    counts: dict[str, int] = {}
+    for c in run:
+        counts[c] = counts.get(c, 0) + 1
+    entropy = -sum(k / n * math.log2(k / n) for k in counts.values())
+    return entropy >= random_entropy_floor(n)
+
+
+def _format_sub(m: re.Match[str]) -> str:
+    prefix = next((g for g in m.groups() if g is not None), "")
+    return prefix + MASK
+
+
+def _run_sub(m: re.Match[str]) -> str:
+    return MASK if _looks_random(m.group()) else m.group()
+
+
+def _scrub_formats(text: str) -> str:
+    if len(text) < 10:  # shorter than every format and every random run
+        return text
+    text = _FORMATS.sub(_format_sub, text)
+    return _RUN.sub(_run_sub, text)
+
+
+# -- one argument ---------------------------------------------------------------------------------
+
+_KV = re.compile(r"(-{0,2}[A-Za-z_][\w.-]*)=(.*)", re.S)
+_HEADER = re.compile(r"([\[{(,\"']*)([A-Za-z][\w.-]*)([\"']?:[ \t]*)(.*)", re.S)
+_FLAG = re.compile(r"-{1,2}([A-Za-z][\w.-]*)")
+_FLAG_LIKE = re.compile(r"--?[A-Za-z]")
+_SCHEME = re.compile(
+    r"(bearer|basic|digest|token|bot|negotiate|ntlm|apikey|oauth|jwt|aws4-hmac-sha256)"
+    r"(?:(\s+)(.*))?",
+    re.I | re.S,
+)
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s]*@")
+_QUERY = re.compile(r"([?&;])([^=&#;\s]+)=([^&#;\s]*)")
+_LIST_SEP = re.compile(r"([,;&])")
+_LITERALS = frozenset({"true", "false", "yes", "no", "on", "off", "none", "null", "0", "1"})
+_USER_FLAGS = frozenset({"-u", "--user", "--proxy-user"})
+
+# What an argument asks of the next one.
+_NEXT_FREE = 0
+_NEXT_VALUE = 1  # a secret flag's value: masked unless it is another flag
+_NEXT_HEADER = 2  # a secret header's value: an auth scheme is kept, then the credential masked
+_NEXT_USER = 3  # curl's user:password
+
+
+def _mask_value(value: str) -> tuple[str, int]:
+    """A secret's value masked; (text, what the next argument is) for a bare auth scheme."""
+    if not value or value.lower() in _LITERALS:
+        return value, _NEXT_FREE  # a boolean flag's value (--use_auth_token true) hides nothing
+    m = _SCHEME.fullmatch(value)
+    if m:
+        if m.group(3):
+            return f"{m.group(1)}{m.group(2)}{MASK}", _NEXT_FREE
+        if m.group(2) is None:
+            return value, _NEXT_VALUE  # "Bearer" alone: the credential is the next argument
+    return MASK, _NEXT_FREE
+
+
+def _scrub_url(text: str) -> str:
+    text = _USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", text)
+    return _QUERY.sub(
+        lambda m: (
+            f"{m.group(1)}{m.group(2)}={MASK}"
+            if m.group(3) and _secret_query_name(m.group(2))
+            else m.group()
+        ),
+        text,
+    )
+
+
+def _redact_piece(arg: str) -> tuple[str, int]:
+    """One argument (or one piece of a list value) with the structural rules applied."""
+    if "://" in arg:
+        m = _KV.fullmatch(arg)
+        if m and is_secret_name(m.group(1)):
+            return f"{m.group(1)}={_mask_value(m.group(2))[0]}", _NEXT_FREE
+        return _scrub_url(arg), _NEXT_FREE
+    m = _KV.fullmatch(arg)
+    if m:
+        key, value = m.groups()
+        if is_secret_name(key):
+            masked, then = _mask_value(value)
+            return f"{key}={masked}", then
+        # KEY=a,b;c: each piece may be a pair or a header (OTEL_EXPORTER_OTLP_HEADERS=...).
+        parts = _LIST_SEP.split(value)
+        return key + "=" + "".join(
+            p if i % 2 else _redact_piece(p)[0] for i, p in enumerate(parts)
+        ), _NEXT_FREE
+    m = _HEADER.fullmatch(arg)
+    if m and is_secret_name(m.group(2)):
+        lead, name, sep, value = m.groups()
+        if not value:
+            return arg, _NEXT_HEADER
+        return f"{lead}{name}{sep}{_mask_value(value)[0]}", _NEXT_FREE
+    m = _FLAG.fullmatch(arg)
+    if m and is_secret_name(m.group(1)):
+        return arg, _NEXT_VALUE
+    if arg in _USER_FLAGS:
+        return arg, _NEXT_USER
+    return arg, _NEXT_FREE
+
+
+def redact_args(args: Sequence[str]) -> list[str]:
+    """``args`` with every credential replaced by ``***`` (see the module docstring)."""
+    return list(_redacted(args))
+
+
+def _redacted(args: Iterable[str]) -> Iterator[str]:
+    expect = _NEXT_FREE
+    for arg in args:
+        if expect != _NEXT_FREE and arg and not _FLAG_LIKE.match(arg):
+            if expect == _NEXT_USER:
+                user, colon, password = arg.partition(":")
+                text = f"{user}:{MASK}" if colon and not password.isdigit() else arg
+                expect = _NEXT_FREE
+            elif expect == _NEXT_HEADER and _SCHEME.fullmatch(arg):
+                text, expect = arg, _NEXT_VALUE  # "Authorization:" "Bearer" "<credential>"
+            else:
+                text, expect = _mask_value(arg)
+                # A cookie list split on spaces ("a=1;" "b=2") continues to the last pair.
+                if text == MASK and arg.endswith((";", ",")):
+                    expect = _NEXT_HEADER
+            yield text
+            continue
+        text, expect = _redact_piece(arg)
+        yield _scrub_formats(text)
+
+
+def redact_command(args: Sequence[str], max_len: int | None = None) -> str:
+    """A command line joined with spaces, credentials masked; cut to ``max_len`` characters
+    (the arguments past the cut are not even looked at: redaction only looks back)."""
+    out: list[str] = []
+    length = -1
+    for arg in _redacted(args):
+        out.append(arg)
+        length += len(arg) + 1
+        if max_len is not None and length >= max_len:
+            break
+    return " ".join(out)[:max_len]
+
+
+_SPACE = re.compile(r"(\s+)")
+
+
+def redact_text(text: str) -> str:
+    """Free text (a joined command line, a log message, an alert) with credentials masked:
+    split on whitespace and judged as a command line, the whitespace kept."""
+    parts = _SPACE.split(text)
+    words = redact_args(parts[0::2])
+    parts[0::2] = words
+    return "".join(parts)
+
+
+def redact_value(value: _T) -> _T:
+    """An attribute or JSON value with every string in it redacted (dicts, lists, tuples)."""
+    if isinstance(value, str):
+        return cast(_T, redact_text(value))
+    if isinstance(value, dict):
+        return cast(_T, {k: redact_value(v) for k, v in value.items()})
+    if isinstance(value, list | tuple):
+        return cast(_T, type(value)(redact_value(v) for v in value))
+    return value
+
+
+# -- the process.command attribute ----------------------------------------------------------------
+
+_PYTHON = re.compile(r"python[\d.]*")
+
+
+def program(args: Sequence[str]) -> str:
+    """The program: ``args[0]``, and for a Python interpreter its script or ``-m module``."""
+    if not args:
+        return ""
+    shown = [args[0]]
+    if _PYTHON.fullmatch(os.path.basename(args[0])):
+        rest = iter(args[1:])
+        for arg in rest:
+            if arg == "-m":
+                shown += ["-m", next(rest, "")]
+                break
+            if arg == "-c":
+                shown.append("-c")
+                break
+            if arg in ("-W", "-X"):  # options that take a value
+                next(rest, None)
+            elif not arg.startswith("-"):
+                shown.append(arg)
+                break
+    return " ".join(a for a in shown if a)
+
+
+def command_attribute(
+    args: Sequence[str], mode: str = COMMAND_REDACTED, max_len: int | None = None
+) -> str | None:
+    """``process.command`` for ``args`` under ``OTEL_GPU_PROCESS_COMMAND`` (``mode``), at most
+    ``max_len`` characters."""
+    if not args or mode == COMMAND_OFF:
+        return None
+    if mode == COMMAND_EXECUTABLE:
+        return program(args)[:max_len]
+    return redact_command(args, max_len)
