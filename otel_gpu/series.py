@@ -62,7 +62,7 @@ class SeriesBook:
 
     def observe(self, observations: Sequence[Observation]) -> None:
         """Called by the callback with what it returns; drops what ended. Never raises."""
-        now = {id(o.attributes): o.attributes for o in observations}
+        now = {id(o.attributes): o.attributes or {} for o in observations}
         gone = not now.keys() >= self._last.keys()
         self._last = now
         restarted: set[Key] = set()

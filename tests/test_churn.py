@@ -100,7 +100,9 @@ def test_ten_thousand_short_lived_pids_then_a_newcomer_gets_its_own_series(reade
                 assert pids == [TRAINER, *workers], (epoch, name)
             for series in got.values():
                 assert not any("otel.metric.overflow" in p.attributes for p in series), epoch
-            (trainer,) = [p for p in got["process.memory.usage"] if p.attributes["process.pid"] == 100]
+            (trainer,) = [
+                p for p in got["process.memory.usage"] if p.attributes["process.pid"] == 100
+            ]
             first_start.setdefault(i, trainer.start_time_unix_nano)
             if readers[i] == {}:  # cumulative: a live series keeps its start time
                 assert trainer.start_time_unix_nano == first_start[i]
