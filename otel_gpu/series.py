@@ -61,7 +61,11 @@ class SeriesBook:
         self._off = False
 
     def observe(self, observations: Sequence[Observation]) -> None:
-        """Called by the callback with what it returns; drops what ended. Never raises."""
+        """Called by the callback with what it returns; drops what ended. Never raises.
+
+        Not locked: the SDK runs one collection at a time per MeterProvider (its measurement
+        consumer holds a lock through every callback), so the calls for one instrument come one
+        after the other, each with a snapshot at least as new as the last."""
         now = {id(o.attributes): o.attributes or {} for o in observations}
         gone = not now.keys() >= self._last.keys()
         self._last = now

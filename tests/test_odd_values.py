@@ -66,6 +66,9 @@ CASES = [
     ("UUID with a space: not watched", "uuid = GPU 0", lambda r: [g.uuid for g in r.gpus], [UUID.format(1)]),
     ("UUID of another GPU: the later one not watched", f"gpu.1.uuid = {UUID.format(0)}",
      lambda r: [(g.index, g.uuid) for g in r.gpus], [(0, UUID.format(0))]),
+    ("MIG UUID of another GPU's MIG device: not watched",
+     "mig = 1\nmig.0.0.uuid = MIG-dup\ngpu.1.mig = 1\nmig.1.0.uuid = MIG-dup",
+     lambda r: [g.uuid for g in r.gpus], [UUID.format(0), "MIG-dup", UUID.format(1)]),
 ]  # fmt: skip
 
 
@@ -73,7 +76,7 @@ CASES = [
     "scenario, read, expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES]
 )
 def test_odd_reading(fake_nvml: FakeNvml, scenario: str, read: Any, expected: Any):
-    lines = [ln if ln.startswith("gpu.") else f"gpu.0.{ln}" for ln in scenario.splitlines()]
+    lines = [ln if ln[:4] in ("gpu.", "mig.") else f"gpu.0.{ln}" for ln in scenario.splitlines()]
     fake_nvml.write("devices = 2\n" + "\n".join(lines))
     assert read(fake_nvml.source().sample([])) == expected
 

@@ -32,6 +32,7 @@ from typing import Any
 import pynvml
 
 from otel_gpu.sampling import nvml_api as api
+from otel_gpu.sampling import nvml_devices as devices
 from otel_gpu.sampling import odd_values as odd
 from otel_gpu.sampling.nvml_api import Device, Sweep
 from otel_gpu.sampling.nvml_guard import CallGuard
@@ -237,6 +238,10 @@ class NvmlSource:
                 log.info("%s %s: readable again", where, metric)
         return value
 
+    def _call_nvml(self, metric: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """:meth:`_call` for a call that concerns no device (enumeration)."""
+        return self._call(None, metric, fn, *args)
+
     def _on_error(self, dev: Device | None, metric: str, code: int) -> None:
         if code in api.NO_LIBRARY:
             raise api.LibraryGone(code)
@@ -292,7 +297,7 @@ class NvmlSource:
             )
         if count is api.FAILED or count == 0:
             return "NVML reports no GPU"
-        found = self._enumerate(count)
+        found = devices.enumerate_gpus(self._call_nvml, count)
         self._select(found, count)
         self._count = count
         self._host = HostInfo(
@@ -311,7 +316,13 @@ class NvmlSource:
         """Choose the devices to read among ``found`` GPUs and their MIG devices; a device
         already in ``keep`` (by UUID) keeps its object and state (counters, disabled metrics)."""
         keep = keep or {}
-        migs = [mig for dev in found if dev is not None for mig in self._enumerate_mig(dev)]
+        taken = {d.uuid for d in found if d is not None}
+        migs = [
+            mig
+            for dev in found
+            if dev is not None
+            for mig in devices.enumerate_mig(self._call_nvml, dev, taken)
+        ]
         everything = [*found, *migs]
         chosen, warnings = select_visible(
             self._visible, [d.uuid if d else "" for d in found], [m.uuid for m in migs]
@@ -361,7 +372,7 @@ class NvmlSource:
             if count is api.FAILED:
                 return
         before = {d.uuid for d in self._devices}
-        found = self._enumerate(count)
+        found = devices.enumerate_gpus(self._call_nvml, count)
         self._select(found, count, keep={d.uuid: d for d in self._devices})
         self._count = count
         self._no_gpu_reason = self._selection_note if count else "NVML reports no GPU"
@@ -395,79 +406,6 @@ class NvmlSource:
         driver = None if driver is api.FAILED else api.text(driver)
         cuda = None if cuda is api.FAILED or not cuda else f"{cuda // 1000}.{cuda % 1000 // 10}"
         return driver, cuda
-
-    def _enumerate(self, count: int) -> list[Device | None]:
-        found: list[Device | None] = []
-        seen: dict[str, int] = {}
-        for i in range(count):
-            handle = self._call(None, "handle", pynvml.nvmlDeviceGetHandleByIndex, i)
-            uuid = (
-                api.FAILED
-                if handle is api.FAILED
-                else self._call(None, "uuid", api.device_string, "nvmlDeviceGetUUID", handle)
-            )
-            key = None if uuid is api.FAILED else odd.uuid(uuid)
-            if key is None or key in seen:
-                why = "cannot be identified" if uuid is api.FAILED else f"reports UUID {uuid!r}"
-                if key is not None:
-                    why += f", as GPU {seen[key]} does"
-                log.warning("GPU %d %s; not watched", i, why)
-                found.append(None)
-                continue
-            seen[key] = i
-            name = self._call(None, "name", api.device_string, "nvmlDeviceGetName", handle)
-            address = ctypes.cast(handle, ctypes.c_void_p).value
-            found.append(
-                Device(i, handle, key, None if name is api.FAILED else odd.name(name), address)
-            )
-        return found
-
-    def _enumerate_mig(self, gpu: Device) -> list[Device]:
-        """The MIG devices of a GPU in MIG mode (none otherwise). In MIG mode NVML reports
-        memory and processes per MIG device, and the GPU's own process list is their
-        aggregate: it is not read, so no process is counted twice."""
-        mode = self._call(None, "mig_mode", pynvml.nvmlDeviceGetMigMode, gpu.handle)
-        gpu.mig_enabled = None if mode is api.FAILED else bool(mode[0])
-        if not gpu.mig_enabled:
-            return []
-        most = self._call(None, "mig_count", pynvml.nvmlDeviceGetMaxMigDeviceCount, gpu.handle)
-        found: list[Device] = []
-        for i in range(0 if most is api.FAILED else min(most, api.MIG_MAX)):
-            handle = self._call(
-                None, "mig_handle", pynvml.nvmlDeviceGetMigDeviceHandleByIndex, gpu.handle, i
-            )
-            if handle is api.FAILED:
-                continue  # no MIG device in this slot
-            uuid = self._call(None, "mig_uuid", api.device_string, "nvmlDeviceGetUUID", handle)
-            key = None if uuid is api.FAILED else odd.uuid(uuid)
-            if key is None or key == gpu.uuid or any(m.uuid == key for m in found):
-                if uuid is not api.FAILED:
-                    log.warning(
-                        "GPU %d: a MIG device reports UUID %r; not watched", gpu.index, uuid
-                    )
-                continue
-            name = self._call(None, "mig_name", api.device_string, "nvmlDeviceGetName", handle)
-            found.append(
-                Device(
-                    gpu.index,
-                    handle,
-                    key,
-                    None if name is api.FAILED else odd.name(name),
-                    ctypes.cast(handle, ctypes.c_void_p).value,
-                    parent=gpu.uuid,
-                    key=(gpu.index + 1) * 1000 + i,
-                    disabled=set(api.MIG_UNSUPPORTED),
-                )
-            )
-        if found:
-            gpu.disabled.add("processes")
-            log.info(
-                "GPU %s (%s) is in MIG mode: %d MIG device(s), reported under their own UUIDs",
-                gpu.index,
-                gpu.uuid,
-                len(found),
-            )
-        return found
 
     def _register_events(self) -> None:
         create = api.function("nvmlEventSetCreate")
