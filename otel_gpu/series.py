@@ -55,7 +55,6 @@ class SeriesBook:
         self.name = name
         self.monotonic = monotonic  # a Counter: a lower value than last time is a restart
         self.instrument: Any = None  # set once the SDK instrument exists
-        self.forgotten = 0  # SDK aggregations dropped so far (series ended or restarted)
         self._last: dict[int, Mapping[str, Any]] = {}  # id -> attrs; held, so ids stay unique
         self._totals: dict[Key, float] = {}  # monotonic: last value per series
         self._off = False
@@ -103,7 +102,6 @@ class SeriesBook:
                 ended = [k for k, agg in table.items() if _key(agg._attributes) not in keep]
                 for k in ended:
                     del table[k]
-            self.forgotten += len(ended)
 
 
 def _storage_tables(instrument: Any) -> Iterable[tuple[dict[Any, Any], Any, Any]]:

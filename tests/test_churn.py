@@ -13,6 +13,7 @@ from opentelemetry.sdk.metrics import (
     ObservableUpDownCounter,
 )
 from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
+from opentelemetry.sdk.metrics.view import View
 
 from otel_gpu import metrics
 from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, ProcessSample, Snapshot
@@ -139,3 +140,24 @@ def test_a_reused_pid_starts_a_new_series_after_the_old_process_exited():
     after = thread_counts()
     assert after[4242].start_time_unix_nano > before[4242].start_time_unix_nano
     assert after[TRAINER].start_time_unix_nano == before[TRAINER].start_time_unix_nano
+
+
+def test_a_view_that_keeps_some_attributes_still_forgets_exited_processes():
+    """A user's View that keeps only process.pid: the SDK keys series by the kept attributes,
+    and ended ones are still found and forgotten (2,500 PIDs against the 2,000 limit)."""
+    reader = InMemoryMetricReader()
+    view = View(instrument_name="process.*", attribute_keys={"process.pid", "hw.id"})
+    provider = MeterProvider(metric_readers=[reader], views=[view])
+    current = [snapshot(0.0, [TRAINER])]
+    metrics.register(provider.get_meter("t"), lambda: current[0])
+    starts = set()
+    for epoch in range(50):
+        workers = list(range(10_000 + 50 * epoch, 10_050 + 50 * epoch))
+        current[0] = snapshot(float(epoch), [TRAINER, *workers])
+        got = points(reader)
+        pids = sorted(p.attributes.get("process.pid") for p in got["process.thread.count"])
+        assert pids == [TRAINER, *workers], epoch
+        assert set(got["process.thread.count"][0].attributes) == {"process.pid"}
+        trainer = [p for p in got["process.thread.count"] if p.attributes["process.pid"] == 100]
+        starts.add(trainer[0].start_time_unix_nano)
+    assert len(starts) == 1  # the live series was never dropped
