@@ -479,12 +479,12 @@ class NvmlSource:
             if u is not api.FAILED:
                 out.update(util_gpu=odd.fraction(u.gpu), util_memory=odd.fraction(u.memory))
                 if out["util_gpu"] is None or out["util_memory"] is None:
-                    self._odd(dev, "utilization", f"gpu {u.gpu} %, memory {u.memory} %")
+                    self._odd(dev, "utilization", f"gpu {u.gpu} %, memory {u.memory} %: skipped")
         metric, t = self._first(dev, api.TEMPERATURE)
         if metric is not None:
             out["temperature_c"] = odd.temperature(t)
             if out["temperature_c"] is None:
-                self._odd(dev, "temperature", f"{t} C")
+                self._odd(dev, "temperature", f"{t} C: skipped")
         for metric, name, fn, args, conv in api.SCALARS:
             if metric not in off and fn is not None:
                 slow = metric in api.SLOW
@@ -494,7 +494,7 @@ class NvmlSource:
                 if v is not api.FAILED:
                     out[name] = value = conv(v)
                     if value is None:
-                        self._odd(dev, metric, repr(v))
+                        self._odd(dev, metric, f"{v!r}: skipped")
                     if slow:
                         dev.slow_values[name] = value
                         if metric == "mig" and dev.mig_enabled not in (None, value):
@@ -531,7 +531,7 @@ class NvmlSource:
                 sm, mem_util = util.get(pid, (None, None))
                 checked = odd.process_memory(mem, total)
                 if checked != mem:
-                    self._odd(dev, "process_memory", f"PID {pid}: {mem} B > total {total} B")
+                    self._odd(dev, "process_memory", f"PID {pid} {mem} B > {total} B: skipped")
                 procs.append(GpuProcessSample(pid, dev.uuid, checked, sm, mem_util))
 
     def _first(self, dev: Device, alternatives: api.Alternatives) -> tuple[str | None, Any]:
@@ -547,11 +547,12 @@ class NvmlSource:
         return None, api.FAILED
 
     def _odd(self, dev: Device, metric: str, what: str) -> None:
-        """Log an odd reading once per device and metric (the rules: odd_values)."""
+        """Log an odd reading (``what``: the value and what was done) once per device and
+        metric; the rules are odd_values'."""
         if (dev.key, metric) not in self._odd_logged:
             self._odd_logged.add((dev.key, metric))
             log.warning(
-                "GPU %s (%s): odd %s reading (%s); reported as documented in odd_values",
+                "GPU %s (%s): odd %s reading, %s (README: Odd values); not logged again",
                 dev.index,
                 dev.uuid,
                 metric,

@@ -49,14 +49,14 @@ def temperature(celsius: Any) -> float | None:
 def memory(
     total: int, used: int, reserved: int | None
 ) -> tuple[int | None, int, int | None, str | None]:
-    """(total, used, reserved, what was odd) of a device's memory reading."""
+    """(total, used, reserved, what was odd and done) of a device's memory reading."""
     odd = None
     if reserved is not None and reserved > used:
-        reserved, odd = used, f"reserved {reserved} B > used {used} B"
+        reserved, odd = used, f"reserved {reserved} B > used {used} B: reserved clamped"
     if total <= 0:
-        return None, used, reserved, f"total memory {total} B"
+        return None, used, reserved, f"total {total} B: limit skipped"
     if used > total:
-        odd = f"used {used} B > total {total} B"
+        odd = f"used {used} B > total {total} B: used clamped to total"
         used = total
         if reserved is not None:
             reserved = min(reserved, used)
