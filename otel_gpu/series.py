@@ -36,7 +36,7 @@ from opentelemetry.metrics import Observation
 
 log = logging.getLogger("otel_gpu.metrics")
 
-Key = frozenset[tuple[str, Any]]
+Key = frozenset[tuple[str, Any]]  # an attribute set, compared by value
 
 
 def _key(attrs: Mapping[str, Any] | None, only: Iterable[str] | None = None) -> Key:
@@ -55,8 +55,12 @@ class SeriesBook:
         self.name = name
         self.monotonic = monotonic  # a Counter: a lower value than last time is a restart
         self.instrument: Any = None  # set once the SDK instrument exists
-        self._last: dict[int, Mapping[str, Any]] = {}  # id -> attrs; held, so ids stay unique
-        self._totals: dict[Key, float] = {}  # monotonic: last value per series
+        # What the last call reported: the ids of its attribute dicts (the table's dicts are
+        # shared and cached, so a live series has the same dict every time) and the
+        # observations themselves, held so that those ids stay unique.
+        self._ids: list[int] = []
+        self._held: Sequence[Observation] = ()
+        self._totals: dict[int, float] = {}  # monotonic: last value per attribute dict id
         self._off = False
 
     def observe(self, observations: Sequence[Observation]) -> None:
@@ -65,22 +69,20 @@ class SeriesBook:
         Not locked: the SDK runs one collection at a time per MeterProvider (its measurement
         consumer holds a lock through every callback), so the calls for one instrument come one
         after the other, each with a snapshot at least as new as the last."""
-        now = {id(o.attributes): o.attributes or {} for o in observations}
-        gone = not now.keys() >= self._last.keys()
-        self._last = now
-        restarted: set[Key] = set()
+        ids = [id(o.attributes) for o in observations]
+        restarted: list[Mapping[str, Any]] = []
         if self.monotonic:
-            totals = {}
-            for o in observations:
-                key = _key(o.attributes)
-                before = self._totals.get(key)
+            totals = self._totals
+            for i, o in zip(ids, observations, strict=True):
+                before = totals.get(i)
                 if before is not None and o.value < before:
-                    restarted.add(key)
-                totals[key] = o.value
-            self._totals = totals
+                    restarted.append(o.attributes or {})
+            self._totals = {i: o.value for i, o in zip(ids, observations, strict=True)}
+        gone = ids != self._ids and not set(ids).issuperset(self._ids)
+        self._ids, self._held = ids, observations
         if (gone or restarted) and not self._off and self.instrument is not None:
             try:
-                self._forget(now.values(), restarted)
+                self._forget([o.attributes or {} for o in observations], restarted)
             except Exception as exc:  # an SDK without these internals: forgetting is off
                 self._off = True
                 log.warning(
@@ -90,14 +92,11 @@ class SeriesBook:
                     exc,
                 )
 
-    def _forget(self, live: Iterable[Mapping[str, Any]], restarted: set[Key]) -> None:
-        live = list(live)
+    def _forget(
+        self, live: Sequence[Mapping[str, Any]], restarted: Sequence[Mapping[str, Any]]
+    ) -> None:
         for table, lock, only in _storage_tables(self.instrument):
-            keep = {_key(a, only) for a in live}
-            if only is None:
-                keep -= restarted
-            else:
-                keep -= {_key(dict(k), only) for k in restarted}
+            keep = {_key(a, only) for a in live} - {_key(a, only) for a in restarted}
             with lock:
                 ended = [k for k, agg in table.items() if _key(agg._attributes) not in keep]
                 for k in ended:
