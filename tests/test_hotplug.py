@@ -89,3 +89,13 @@ def test_gpus_added_and_removed_are_followed_by_uuid(fake_nvml: FakeNvml, caplog
         "GPU count changed from 2 to 0",
         "GPU count changed from 0 to 1",
     ]
+
+
+def test_a_gpu_chosen_by_index_stays_chosen_when_a_removal_renumbers_it(fake_nvml: FakeNvml):
+    """CUDA_VISIBLE_DEVICES=1 names the job's GPU as the job started. Pulling GPU 0 makes NVML
+    number it 0: the agent keeps watching that GPU (by UUID), not the one now at index 1."""
+    fake_nvml.write("devices = 3")
+    src = fake_nvml.source(visible_devices="1")
+    assert [g.uuid for g in src.sample([]).gpus] == [U1]
+    fake_nvml.write(f"devices = 2\ngpu.0.uuid = {U1}\ngpu.1.uuid = {U2}")
+    assert [(g.index, g.uuid) for g in src.sample([]).gpus] == [(0, U1)]

@@ -98,6 +98,7 @@ class NvmlSource:
         self._odd_logged: set[tuple[int, str]] = set()
         self._refresh_wanted = False  # a MIG reconfiguration was seen: enumerate again
         self._count = 0  # GPU count at the last enumeration (hot-plug changes it)
+        self._pinned: set[str] | None = None  # UUIDs visible_devices chose at the first look
 
     # -- public API --------------------------------------------------------------------------
 
@@ -324,11 +325,20 @@ class NvmlSource:
             for mig in devices.enumerate_mig(self._call_nvml, dev, taken)
         ]
         everything = [*found, *migs]
-        chosen, warnings = select_visible(
-            self._visible, [d.uuid if d else "" for d in found], [m.uuid for m in migs]
-        )
-        for warning in warnings:
-            log.warning("%s", warning)
+        if self._pinned is None:
+            chosen, warnings = select_visible(
+                self._visible, [d.uuid if d else "" for d in found], [m.uuid for m in migs]
+            )
+            for warning in warnings:
+                log.warning("%s", warning)
+            if self._visible is not None and chosen:
+                # The job's GPUs are these devices wherever NVML numbers them later: an index
+                # in CUDA_VISIBLE_DEVICES must not move to another GPU after a hot-plug.
+                self._pinned = {d.uuid for i in chosen if (d := everything[i]) is not None}
+        else:
+            chosen = [
+                i for i, d in enumerate(everything) if d is not None and d.uuid in self._pinned
+            ]
         selected: list[Device] = []
         for i in chosen:
             dev = everything[i]
