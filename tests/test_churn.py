@@ -102,7 +102,7 @@ def test_ten_thousand_short_lived_pids_then_a_newcomer_gets_its_own_series(reade
             for series in got.values():
                 assert not any("otel.metric.overflow" in p.attributes for p in series), epoch
             (trainer,) = [
-                p for p in got["process.memory.usage"] if p.attributes["process.pid"] == 100
+                p for p in got["process.memory.usage"] if p.attributes["process.pid"] == TRAINER
             ]
             first_start.setdefault(i, trainer.start_time_unix_nano)
             if readers[i] == {}:  # cumulative: a live series keeps its start time
@@ -110,14 +110,14 @@ def test_ten_thousand_short_lived_pids_then_a_newcomer_gets_its_own_series(reade
     assert next_pid - 10_000 == 10_000
 
     current[0] = snapshot(float(EPOCHS), [TRAINER, NEWCOMER])
-    for round in range(3):  # the newcomer stays: it is reported at every collection
+    for collection in range(3):  # the newcomer stays: it is reported at every collection
         for reader in sdk_readers:
             got = points(reader)
             for name in PROCESS_METRICS:
                 pids = sorted(p.attributes["process.pid"] for p in got[name])
                 assert pids == [TRAINER, NEWCOMER], name
             rss = {p.attributes["process.pid"]: p.value for p in got["process.memory.usage"]}
-            if round == 0:  # (a delta reader reports 0 change afterwards)
+            if collection == 0:  # (a delta reader reports 0 change afterwards)
                 assert rss[NEWCOMER] == NEWCOMER
             for series in got.values():
                 assert not any("otel.metric.overflow" in p.attributes for p in series)
@@ -158,6 +158,6 @@ def test_a_view_that_keeps_some_attributes_still_forgets_exited_processes():
         pids = sorted(p.attributes.get("process.pid") for p in got["process.thread.count"])
         assert pids == [TRAINER, *workers], epoch
         assert set(got["process.thread.count"][0].attributes) == {"process.pid"}
-        trainer = [p for p in got["process.thread.count"] if p.attributes["process.pid"] == 100]
+        trainer = [p for p in got["process.thread.count"] if p.attributes["process.pid"] == TRAINER]
         starts.add(trainer[0].start_time_unix_nano)
     assert len(starts) == 1  # the live series was never dropped
