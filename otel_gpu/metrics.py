@@ -2,6 +2,8 @@
 
 Callbacks read the sampler's latest snapshot only (no NVML, no /proc), skip unknown values and
 return nothing in a forked child (a DataLoader worker must not export the parent's series).
+Series that end (an exited process, a removed GPU) are forgotten by the SDK, and a counter that
+goes backwards starts a new series (otel_gpu/series.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from otel_gpu.sampling.snapshot import (
     ProcessSample,
     Snapshot,
 )
+from otel_gpu.series import SeriesBook
 
 GAUGE = "gauge"
 COUNTER = "counter"
@@ -206,8 +209,11 @@ def _process_gpu(field: str) -> Reader:
     return read
 
 
+_NO_ATTRS: Attrs = {}
+
+
 def _agent(snap: Snapshot) -> Iterator[Observation]:
-    yield Observation(float(snap.processes_dropped), {})
+    yield Observation(float(snap.processes_dropped), _NO_ATTRS)
 
 
 INSTRUMENTS: tuple[Instrument, ...] = (
@@ -376,6 +382,8 @@ def register(
 def _create(
     meter: Meter, spec: Instrument, latest: Callable[[], Snapshot | None], owner: int
 ) -> Any:
+    book = SeriesBook(spec.name, monotonic=spec.kind == COUNTER)
+
     def callback(options: CallbackOptions) -> Iterable[Observation]:
         if _pid != owner:  # forked child (DataLoader worker): the parent reports
             return []
@@ -383,13 +391,18 @@ def _create(
         if snap is None:
             return []
         try:
-            return list(spec.read(snap))
+            observations = list(spec.read(snap))
         except Exception:  # a reader bug loses this instrument's points, never the cycle
             return []
+        book.observe(observations)
+        return observations
 
     make = {
         GAUGE: meter.create_observable_gauge,
         COUNTER: meter.create_observable_counter,
         UPDOWN: meter.create_observable_up_down_counter,
     }[spec.kind]
-    return make(spec.name, callbacks=[callback], unit=spec.unit, description=spec.description)
+    book.instrument = make(
+        spec.name, callbacks=[callback], unit=spec.unit, description=spec.description
+    )
+    return book.instrument

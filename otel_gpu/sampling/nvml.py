@@ -15,12 +15,14 @@ more than ``sweep_timeout_s``. Failures are classified once, here:
 
 Each error is logged once per episode (device, metric, error); a success ends the episode.
 Units are converted here: bytes, W (from mW), J (from mJ), Cel, Hz (from MHz), B/s (from KiB/s)
-and fractions 0..1 (from %).
+and fractions 0..1 (from %); readings that cannot be right are skipped or clamped by the rules
+of :mod:`~otel_gpu.sampling.odd_values` (each logged once per device and metric).
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import threading
 import time
@@ -30,6 +32,8 @@ from typing import Any
 import pynvml
 
 from otel_gpu.sampling import nvml_api as api
+from otel_gpu.sampling import nvml_devices as devices
+from otel_gpu.sampling import odd_values as odd
 from otel_gpu.sampling.nvml_api import Device, Sweep
 from otel_gpu.sampling.nvml_guard import CallGuard
 from otel_gpu.sampling.snapshot import (
@@ -91,10 +95,13 @@ class NvmlSource:
         self._episodes: dict[tuple[int, str], int] = {}
         self._last_code: int | None = None
         self._xids_logged: set[tuple[int, int]] = set()
+        self._odd_logged: set[tuple[int, str]] = set()
         self._refresh_wanted = False  # a MIG reconfiguration was seen: enumerate again
         # NVML errors by name since start (the expected "no new sample" answers left out), for
         # the otel_gpu.agent.nvml.errors self-metric.
         self.error_counts: dict[str, int] = {}
+        self._count = 0  # GPU count at the last enumeration (hot-plug changes it)
+        self._pinned: set[str] | None = None  # UUIDs visible_devices chose at the first look
 
     # -- public API --------------------------------------------------------------------------
 
@@ -240,6 +247,10 @@ class NvmlSource:
                 log.info("%s %s: readable again", where, metric)
         return value
 
+    def _call_nvml(self, metric: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """:meth:`_call` for a call that concerns no device (enumeration)."""
+        return self._call(None, metric, fn, *args)
+
     def _on_error(self, dev: Device | None, metric: str, code: int) -> None:
         if code in api.NO_LIBRARY:
             raise api.LibraryGone(code)
@@ -296,8 +307,9 @@ class NvmlSource:
             )
         if count is api.FAILED or count == 0:
             return "NVML reports no GPU"
-        found = self._enumerate(count)
+        found = devices.enumerate_gpus(self._call_nvml, count)
         self._select(found, count)
+        self._count = count
         self._host = HostInfo(
             driver_version=host[0],
             cuda_driver_version=host[1],
@@ -314,13 +326,28 @@ class NvmlSource:
         """Choose the devices to read among ``found`` GPUs and their MIG devices; a device
         already in ``keep`` (by UUID) keeps its object and state (counters, disabled metrics)."""
         keep = keep or {}
-        migs = [mig for dev in found if dev is not None for mig in self._enumerate_mig(dev)]
+        taken = {d.uuid for d in found if d is not None}
+        migs = [
+            mig
+            for dev in found
+            if dev is not None
+            for mig in devices.enumerate_mig(self._call_nvml, dev, taken)
+        ]
         everything = [*found, *migs]
-        chosen, warnings = select_visible(
-            self._visible, [d.uuid if d else "" for d in found], [m.uuid for m in migs]
-        )
-        for warning in warnings:
-            log.warning("%s", warning)
+        if self._pinned is None:
+            chosen, warnings = select_visible(
+                self._visible, [d.uuid if d else "" for d in found], [m.uuid for m in migs]
+            )
+            for warning in warnings:
+                log.warning("%s", warning)
+            if self._visible is not None and chosen:
+                # The job's GPUs are these devices wherever NVML numbers them later: an index
+                # in CUDA_VISIBLE_DEVICES must not move to another GPU after a hot-plug.
+                self._pinned = {d.uuid for i in chosen if (d := everything[i]) is not None}
+        else:
+            chosen = [
+                i for i, d in enumerate(everything) if d is not None and d.uuid in self._pinned
+            ]
         selected: list[Device] = []
         for i in chosen:
             dev = everything[i]
@@ -331,6 +358,13 @@ class NvmlSource:
                 selected += [m for m in migs if m.parent == dev.uuid and m not in selected]
         for i, dev in enumerate(selected):
             kept = keep.get(dev.uuid)
+            if kept is not None:  # a GPU added or removed before it moves it to a new index
+                kept.index, kept.handle, kept.address, kept.key = (
+                    dev.index,
+                    dev.handle,
+                    dev.address,
+                    dev.key,
+                )
             if kept is not None and dev.parent is None and kept.mig_enabled != dev.mig_enabled:
                 kept.mig_enabled = dev.mig_enabled
                 kept.disabled.discard("processes")
@@ -346,21 +380,44 @@ class NvmlSource:
             )
         self._by_address = {d.address: d for d in selected if d.address is not None}
 
-    def _refresh_devices(self) -> None:
+    def _refresh_devices(
+        self, count: Any = None, reason: str = "MIG configuration changed"
+    ) -> None:
         """Enumerate again after a MIG reconfiguration (MIG mode changed, or a MIG device is
-        gone); the GPUs keep their state, MIG devices come and go."""
-        count = self._call(None, "count", pynvml.nvmlDeviceGetCount)
-        if count is api.FAILED or not count:
-            return
+        gone) or a GPU added or removed (``count``: the new GPU count); devices that stay
+        (by UUID) keep their state, the others come and go."""
+        if count is None:
+            count = self._call(None, "count", pynvml.nvmlDeviceGetCount)
+            if count is api.FAILED:
+                return
         before = {d.uuid for d in self._devices}
-        self._select(self._enumerate(count), count, keep={d.uuid: d for d in self._devices})
+        found = devices.enumerate_gpus(self._call_nvml, count)
+        self._select(found, count, keep={d.uuid: d for d in self._devices})
+        self._count = count
+        self._no_gpu_reason = self._selection_note if count else "NVML reports no GPU"
         after = {d.uuid for d in self._devices}
+        for dev in self._devices:
+            if dev.uuid not in before:
+                self._register_xid(dev)
+        self._host = dataclasses.replace(
+            self._host,
+            gpu_count=count,
+            gpu_models=tuple(d.name or "unknown" for d in found if d is not None),
+        )
         log.info(
-            "MIG configuration changed: now reading %d device(s) (%d new, %d gone)",
+            "%s: now reading %d device(s) (%d new, %d gone)",
+            reason,
             len(after),
             len(after - before),
             len(before - after),
         )
+
+    def _follow_device_count(self) -> None:
+        """Hot-plug: a GPU added or removed changes NVML's count. Enumerate again before the
+        devices are read, so no value is read through a stale index-to-UUID mapping."""
+        count = self._call(None, "count", pynvml.nvmlDeviceGetCount)
+        if count is not api.FAILED and count != self._count:
+            self._refresh_devices(count, f"GPU count changed from {self._count} to {count}")
 
     def _read_host(self, count: Any) -> tuple[str | None, str | None]:
         driver = self._call(None, "driver_version", pynvml.nvmlSystemGetDriverVersion)
@@ -369,89 +426,24 @@ class NvmlSource:
         cuda = None if cuda is api.FAILED or not cuda else f"{cuda // 1000}.{cuda % 1000 // 10}"
         return driver, cuda
 
-    def _enumerate(self, count: int) -> list[Device | None]:
-        found: list[Device | None] = []
-        for i in range(count):
-            handle = self._call(None, "handle", pynvml.nvmlDeviceGetHandleByIndex, i)
-            uuid = (
-                api.FAILED
-                if handle is api.FAILED
-                else self._call(None, "uuid", pynvml.nvmlDeviceGetUUID, handle)
-            )
-            if uuid is api.FAILED:
-                log.warning("GPU %d cannot be identified; not watched", i)
-                found.append(None)
-                continue
-            name = self._call(None, "name", pynvml.nvmlDeviceGetName, handle)
-            address = ctypes.cast(handle, ctypes.c_void_p).value
-            found.append(
-                Device(
-                    i,
-                    handle,
-                    api.text(uuid),
-                    None if name is api.FAILED else api.text(name),
-                    address,
-                )
-            )
-        return found
-
-    def _enumerate_mig(self, gpu: Device) -> list[Device]:
-        """The MIG devices of a GPU in MIG mode (none otherwise). In MIG mode NVML reports
-        memory and processes per MIG device, and the GPU's own process list is their
-        aggregate: it is not read, so no process is counted twice."""
-        mode = self._call(None, "mig_mode", pynvml.nvmlDeviceGetMigMode, gpu.handle)
-        gpu.mig_enabled = None if mode is api.FAILED else bool(mode[0])
-        if not gpu.mig_enabled:
-            return []
-        most = self._call(None, "mig_count", pynvml.nvmlDeviceGetMaxMigDeviceCount, gpu.handle)
-        found = []
-        for i in range(0 if most is api.FAILED else min(most, api.MIG_MAX)):
-            handle = self._call(
-                None, "mig_handle", pynvml.nvmlDeviceGetMigDeviceHandleByIndex, gpu.handle, i
-            )
-            if handle is api.FAILED:
-                continue  # no MIG device in this slot
-            uuid = self._call(None, "mig_uuid", pynvml.nvmlDeviceGetUUID, handle)
-            if uuid is api.FAILED:
-                continue
-            name = self._call(None, "mig_name", pynvml.nvmlDeviceGetName, handle)
-            found.append(
-                Device(
-                    gpu.index,
-                    handle,
-                    api.text(uuid),
-                    None if name is api.FAILED else api.text(name),
-                    ctypes.cast(handle, ctypes.c_void_p).value,
-                    parent=gpu.uuid,
-                    key=(gpu.index + 1) * 1000 + i,
-                    disabled=set(api.MIG_UNSUPPORTED),
-                )
-            )
-        if found:
-            gpu.disabled.add("processes")
-            log.info(
-                "GPU %s (%s) is in MIG mode: %d MIG device(s), reported under their own UUIDs",
-                gpu.index,
-                gpu.uuid,
-                len(found),
-            )
-        return found
-
     def _register_events(self) -> None:
         create = api.function("nvmlEventSetCreate")
         event_set = api.FAILED if create is None else self._call(None, "event_set", create)
         self._event_set = None if event_set is api.FAILED else event_set
         for dev in self._devices:
-            if self._event_set is not None and dev.parent is None:  # Xids come per GPU
-                ok = self._call(
-                    dev,
-                    "xid_register",
-                    pynvml.nvmlDeviceRegisterEvents,
-                    dev.handle,
-                    api.XID_EVENT,
-                    self._event_set,
-                )
-                dev.xid_count = None if ok is api.FAILED else 0
+            self._register_xid(dev)
+
+    def _register_xid(self, dev: Device) -> None:
+        if self._event_set is not None and dev.parent is None:  # Xids come per GPU
+            ok = self._call(
+                dev,
+                "xid_register",
+                pynvml.nvmlDeviceRegisterEvents,
+                dev.handle,
+                api.XID_EVENT,
+                self._event_set,
+            )
+            dev.xid_count = None if ok is api.FAILED else 0
 
     def _shutdown(self) -> None:
         if self._event_set is not None:
@@ -460,6 +452,7 @@ class NvmlSource:
 
     def _sweep(self, sweep: Sweep) -> None:
         try:
+            self._follow_device_count()
             now = self._clock()
             for dev in self._devices:
                 if dev.lost:
@@ -491,20 +484,26 @@ class NvmlSource:
         else:
             out.update(dev.slow_values)
         metric, m = self._first(dev, api.MEMORY)
-        if metric == "memory_v2":
+        if metric is not None:
             # v2 "used" excludes the driver-reserved part; report NVML's classic "used"
-            out.update(
-                memory_total=m.total, memory_reserved=m.reserved, memory_used=m.used + m.reserved
+            v2 = metric == "memory_v2"
+            total, in_use, reserved, why = odd.memory(
+                m.total, m.used + m.reserved if v2 else m.used, m.reserved if v2 else None
             )
-        elif metric == "memory":
-            out.update(memory_total=m.total, memory_used=m.used)
+            out.update(memory_total=total, memory_used=in_use, memory_reserved=reserved)
+            if why:
+                self._odd(dev, "memory", why)
         if "utilization" not in off:
             u = call(dev, "utilization", pynvml.nvmlDeviceGetUtilizationRates, h)
             if u is not api.FAILED:
-                out.update(util_gpu=api.pct(u.gpu), util_memory=api.pct(u.memory))
+                out.update(util_gpu=odd.fraction(u.gpu), util_memory=odd.fraction(u.memory))
+                if out["util_gpu"] is None or out["util_memory"] is None:
+                    self._odd(dev, "utilization", f"gpu {u.gpu} %, memory {u.memory} %: skipped")
         metric, t = self._first(dev, api.TEMPERATURE)
         if metric is not None:
-            out["temperature_c"] = float(t)
+            out["temperature_c"] = odd.temperature(t)
+            if out["temperature_c"] is None:
+                self._odd(dev, "temperature", f"{t} C: skipped")
         for metric, name, fn, args, conv in api.SCALARS:
             if metric not in off and fn is not None:
                 slow = metric in api.SLOW
@@ -513,6 +512,8 @@ class NvmlSource:
                 v = call(dev, metric, fn, h, *args)
                 if v is not api.FAILED:
                     out[name] = value = conv(v)
+                    if value is None:
+                        self._odd(dev, metric, f"{v!r}: skipped")
                     if slow:
                         dev.slow_values[name] = value
                         if metric == "mig" and dev.mig_enabled not in (None, value):
@@ -544,9 +545,13 @@ class NvmlSource:
                 used[pid] = mem if known is None else max(known, mem or 0)
         if used:
             util = self._process_util(dev) if "process_util" not in off else {}
+            total = out.get("memory_total")
             for pid, mem in used.items():
                 sm, mem_util = util.get(pid, (None, None))
-                procs.append(GpuProcessSample(pid, dev.uuid, mem, sm, mem_util))
+                checked = odd.process_memory(mem, total)
+                if checked != mem:
+                    self._odd(dev, "process_memory", f"PID {pid} {mem} B > {total} B: skipped")
+                procs.append(GpuProcessSample(pid, dev.uuid, checked, sm, mem_util))
 
     def _first(self, dev: Device, alternatives: api.Alternatives) -> tuple[str | None, Any]:
         """The first alternative this device supports: (metric, value), or (None, api.FAILED)."""
@@ -560,10 +565,25 @@ class NvmlSource:
                 break  # a transient failure: unknown this sweep, no fallback needed
         return None, api.FAILED
 
+    def _odd(self, dev: Device, metric: str, what: str) -> None:
+        """Log an odd reading (``what``: the value and what was done) once per device and
+        metric; the rules are odd_values'."""
+        if (dev.key, metric) not in self._odd_logged:
+            self._odd_logged.add((dev.key, metric))
+            log.warning(
+                "GPU %s (%s): odd %s reading, %s (README: Odd values); not logged again",
+                dev.index,
+                dev.uuid,
+                metric,
+                what,
+            )
+
     def _process_util(self, dev: Device) -> dict[int, tuple[float | None, float | None]]:
         """Per-PID (sm, mem) fractions: the average of the samples newer than the last one seen.
         When NVML has nothing newer (NOT_FOUND: idle, or asked again within its sample period)
-        the previous values are held for ``process_util_hold_s``, then unknown."""
+        the previous values are held for ``process_util_hold_s``, then unknown. Samples stamped
+        in the future (beyond ``odd.SAMPLE_CLOCK_SLACK_S``) or not after the last one seen are
+        ignored and never move the last-seen stamp; values above 100 % are left out."""
         samples = self._call(
             dev,
             "process_util",
@@ -572,16 +592,29 @@ class NvmlSource:
             dev.util_seen_us,
         )
         now = time.monotonic()
+        sums: dict[int, list[float]] = {}  # PID -> [sm sum, sm count, mem sum, mem count]
         if samples is not api.FAILED and samples:
-            sums: dict[int, list[float]] = {}
+            horizon = (time.time() + odd.SAMPLE_CLOCK_SLACK_S) * 1e6  # NVML stamps: wall µs
+            seen, odd_samples = dev.util_seen_us, 0
             for s in samples:
-                acc = sums.setdefault(s.pid, [0.0, 0.0, 0.0])
-                acc[0] += s.smUtil
-                acc[1] += s.memUtil
-                acc[2] += 1
-                dev.util_seen_us = max(dev.util_seen_us, s.timeStamp)
+                if not dev.util_seen_us < s.timeStamp <= horizon:
+                    odd_samples += 1
+                    continue
+                seen = max(seen, s.timeStamp)
+                acc = sums.setdefault(s.pid, [0.0, 0, 0.0, 0])
+                for i, value in ((0, s.smUtil), (2, s.memUtil)):
+                    if 0 <= value <= 100:
+                        acc[i] += value
+                        acc[i + 1] += 1
+                    else:
+                        odd_samples += 1
+            dev.util_seen_us = seen
+            if odd_samples:
+                self._odd(dev, "process_util", f"{odd_samples} sample value(s) left out")
+        if sums:
             dev.util_last = {
-                pid: (sm / n / 100, mem / n / 100) for pid, (sm, mem, n) in sums.items()
+                pid: (sm / n / 100 if n else None, mem / k / 100 if k else None)
+                for pid, (sm, n, mem, k) in sums.items()
             }
             dev.util_at = now
         elif now - dev.util_at > self._util_hold_s:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pynvml
 
+from otel_gpu.sampling import odd_values as odd
 from otel_gpu.sampling.snapshot import GpuProcessSample
 
 FAILED: Any = object()  # "no value": NVML's own functions may return None on success
@@ -55,10 +56,6 @@ def function(*names: str) -> Callable[..., Any] | None:
     return next((getattr(pynvml, n) for n in names if hasattr(pynvml, n)), None)
 
 
-def pct(v: Any) -> float:
-    return v / 100.0
-
-
 def _milli(v: Any) -> float:
     return v / 1000.0
 
@@ -81,14 +78,14 @@ SCALARS: tuple[tuple[str, str, Callable[..., Any] | None, tuple[int, ...], Calla
         "util_encoder",
         function("nvmlDeviceGetEncoderUtilization"),
         (),
-        lambda v: v[0] / 100,
+        lambda v: odd.fraction(v[0]),
     ),
     (
         "decoder",
         "util_decoder",
         function("nvmlDeviceGetDecoderUtilization"),
         (),
-        lambda v: v[0] / 100,
+        lambda v: odd.fraction(v[0]),
     ),
     ("clock_sm", "clock_sm_hz", function("nvmlDeviceGetClockInfo"), (1,), _mhz),
     ("clock_mem", "clock_mem_hz", function("nvmlDeviceGetClockInfo"), (2,), _mhz),
@@ -181,6 +178,26 @@ def running_processes(handle: Any, which: ProcessList = COMPUTE) -> list[tuple[i
         (pid, None if used == NOT_AVAILABLE else used)
         for pid, used, _gi, _ci in PROCESS_INFO.iter_unpack(raw)
     ]
+
+
+DEVICE_STRING_SIZE = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE, NVML_DEVICE_UUID_V2_BUFFER_SIZE
+
+
+def device_string(symbol: str, handle: Any) -> bytes:
+    """A device's name or UUID (``nvmlDeviceGetName`` / ``nvmlDeviceGetUUID``) as NVML's bytes.
+
+    pynvml decodes these as UTF-8 and raises on anything else, which would lose the device
+    (UUID) or its name; :mod:`odd_values` decides what to make of the bytes instead.
+    """
+    get_function = getattr(pynvml, "_nvmlGetFunctionPointer", None)
+    if get_function is None:  # a pynvml without it: its own function
+        value = getattr(pynvml, symbol)(handle)
+        return value if isinstance(value, bytes) else str(value).encode()
+    buf = ctypes.create_string_buffer(DEVICE_STRING_SIZE)
+    ret = get_function(symbol)(handle, buf, ctypes.c_uint(DEVICE_STRING_SIZE))
+    if ret != pynvml.NVML_SUCCESS:
+        raise pynvml.NVMLError(ret)
+    return buf.value
 
 
 def text(value: Any) -> str:

@@ -16,7 +16,9 @@
  * nvmlInit with NVML_ERROR_UNKNOWN.
  *
  *   # comment; one "key = value" per line; later lines win
- *   devices = 2                       # GPU count, 0..64 (default 1)
+ *   devices = 2                       # GPU count, 0..64 (default 1); may change on reload
+ *                                     # (hot-plug): handles keep their index, one past the
+ *                                     # count gives INVALID_ARGUMENT
  *   t0 = 1764410000.25                # time origin, Unix s, for ramps, steps, from=/to= and
  *                                     # xid @T (default: when the file was loaded)
  *   driver_version = 550.54.15
@@ -27,9 +29,12 @@
  *   fail.<symbol|*>[.<i|*>] = CODE [after=N] [until=N] [every=N] [from=S] [to=S]
  *   delay.<symbol|*>[.<i|*>] = MS [after=N] [until=N] [every=N] [from=S] [to=S]
  *
- * String fields: name, uuid, pci_bus_id. Number fields (VALUE below), NVML's own units:
- *   memory.total, memory.used (bytes; "used" as in nvmlMemory_t, i.e. including reserved),
- *   memory.reserved; util.gpu, util.memory, util.encoder, util.decoder (%); temperature (C);
+ * String fields: name, uuid, pci_bus_id, up to 255 bytes (longer than NVML's 96-byte buffers:
+ *   a longer one gives INSUFFICIENT_SIZE to pynvml); \xNN stands for any byte but NUL (names
+ *   that are not UTF-8), \\ for a backslash, any other escape is an error.
+ * Number fields (VALUE below), NVML's own units:
+ *   memory.total, memory.used (bytes; "used" as in nvmlMemory_t, i.e. including reserved; it
+ *   may exceed total, as some drivers report, and "free" is then 0), memory.reserved; util.gpu, util.memory, util.encoder, util.decoder (%); temperature (C);
  *   power.usage, power.limit (mW); energy (mJ); clock.graphics, clock.sm, clock.mem,
  *   clock.video (MHz); pcie.tx, pcie.rx (KB/s); ecc.corrected, ecc.uncorrected (volatile
  *   totals); mig, mig.pending (0/1); clocks_event_reasons, supported_events (bitmasks, 0x ok).
@@ -46,6 +51,7 @@
  *   process_util = PID:SM:MEM[:ENC:DEC] ...   one sample per period per PID (%)
  *   process_util.period_ms = 1000     the newest sample is stamped t0 + a whole number of
  *                                     periods (µs); lastSeenTimeStamp >= it gives NOT_FOUND
+ *   process_util.offset_ms = 0        VALUE added to every sample stamp (a skewed clock)
  *   xid = CODE[@S] ...                Xid events, pending from S seconds after t0 (default 0),
  *                                     each delivered once by nvmlEventSetWait_v2 to sets that
  *                                     registered type 0x8 on that GPU; delivery state survives
@@ -246,22 +252,22 @@ enum {
     F_MEM_TOTAL, F_MEM_USED, F_MEM_RESERVED, F_UTIL_GPU, F_UTIL_MEM, F_UTIL_ENC, F_UTIL_DEC,
     F_TEMP, F_POWER, F_POWER_LIMIT, F_ENERGY, F_CLK_GRAPHICS, F_CLK_SM, F_CLK_MEM, F_CLK_VIDEO,
     F_PCIE_TX, F_PCIE_RX, F_ECC_CORR, F_ECC_UNCORR, F_MIG, F_MIG_PENDING, F_REASONS,
-    F_SUPPORTED_EVENTS, F_PUTIL_PERIOD, F_NFIELDS
+    F_SUPPORTED_EVENTS, F_PUTIL_PERIOD, F_PUTIL_OFFSET, F_NFIELDS
 };
 static const char *const fk_field_names[F_NFIELDS] = {
     "memory.total", "memory.used", "memory.reserved", "util.gpu", "util.memory",
     "util.encoder", "util.decoder", "temperature", "power.usage", "power.limit", "energy",
     "clock.graphics", "clock.sm", "clock.mem", "clock.video", "pcie.tx", "pcie.rx",
     "ecc.corrected", "ecc.uncorrected", "mig", "mig.pending", "clocks_event_reasons",
-    "supported_events", "process_util.period_ms"};
+    "supported_events", "process_util.period_ms", "process_util.offset_ms"};
 static const double fk_field_defaults[F_NFIELDS] = {
     85899345920.0, 1073741824.0, 536870912.0, 0, 0, 0, 0, 35, 70000, 700000, 1000000,
-    1980, 1980, 2619, 1755, 0, 0, 0, 0, 0, 0, 0, 0xF, 1000};
+    1980, 1980, 2619, 1755, 0, 0, 0, 0, 0, 0, 0, 0xF, 1000, 0};
 
 /* One MIG device (mig.N.I.*): a compute instance of GPU N, reachable while N's mig is 1. */
 typedef struct {
     int present, has_name;
-    char name[104], uuid[96]; /* room for the default: the parent's name + " MIG" */
+    char name[264], uuid[256]; /* room for the default: the parent's name + " MIG" */
     fk_value mem[3];          /* indexed by F_MEM_TOTAL, F_MEM_USED, F_MEM_RESERVED */
     int nproc[FK_PROC_KINDS];
     fk_proc *procs[FK_PROC_KINDS];
@@ -269,7 +275,7 @@ typedef struct {
 } fk_mig;
 
 typedef struct {
-    char name[96], uuid[96], bus_id[32];
+    char name[256], uuid[256], bus_id[32]; /* longer than NVML's 96: overlong strings */
     fk_value f[F_NFIELDS];
     int nproc[FK_PROC_KINDS], nputil, nxid;
     fk_proc *procs[FK_PROC_KINDS]; /* compute, graphics, MPS compute */
@@ -559,19 +565,40 @@ static int fk_parse_list(fk_dev *d, const char *field, char *val) {
     return 1; /* not a list field */
 }
 
+static int fk_hex(int c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* Copies a string field, decoding \xNN (any byte but NUL: names that are not UTF-8) and \\;
+ * -1 for any other escape. */
+static int fk_set_str(char *dst, size_t size, const char *val) {
+    size_t n = 0;
+    for (const char *p = val; *p; p++) {
+        int c = (unsigned char)*p;
+        if (c == '\\') {
+            if (p[1] == '\\') {
+                p++;
+            } else if (p[1] == 'x' && fk_hex(p[2]) >= 0 && fk_hex(p[3]) >= 0) {
+                c = fk_hex(p[2]) * 16 + fk_hex(p[3]);
+                if (c == 0) return -1;
+                p += 3;
+            } else {
+                return -1;
+            }
+        }
+        if (n + 1 < size) dst[n++] = (char)c;
+    }
+    dst[n] = 0;
+    return 0;
+}
+
 static int fk_set_dev_field(fk_dev *d, const char *field, const char *val) {
-    if (strcmp(field, "name") == 0) {
-        snprintf(d->name, sizeof d->name, "%s", val);
-        return 0;
-    }
-    if (strcmp(field, "uuid") == 0) {
-        snprintf(d->uuid, sizeof d->uuid, "%s", val);
-        return 0;
-    }
-    if (strcmp(field, "pci_bus_id") == 0) {
-        snprintf(d->bus_id, sizeof d->bus_id, "%s", val);
-        return 0;
-    }
+    if (strcmp(field, "name") == 0) return fk_set_str(d->name, sizeof d->name, val);
+    if (strcmp(field, "uuid") == 0) return fk_set_str(d->uuid, sizeof d->uuid, val);
+    if (strcmp(field, "pci_bus_id") == 0) return fk_set_str(d->bus_id, sizeof d->bus_id, val);
     char *buf = strdup(val); /* the parsers cut their copy into tokens */
     int r = buf ? fk_parse_list(d, field, buf) : -1;
     for (int f = 0; r == 1 && f < F_NFIELDS; f++)
@@ -613,14 +640,10 @@ static int fk_parse_mig_line(fk_scenario *s, const char *key, const char *val) {
         m->ci = 0;
     }
     if (strcmp(field, "name") == 0) {
-        snprintf(m->name, sizeof m->name, "%s", val);
         m->has_name = 1;
-        return 0;
+        return fk_set_str(m->name, sizeof m->name, val);
     }
-    if (strcmp(field, "uuid") == 0) {
-        snprintf(m->uuid, sizeof m->uuid, "%s", val);
-        return 0;
-    }
+    if (strcmp(field, "uuid") == 0) return fk_set_str(m->uuid, sizeof m->uuid, val);
     if (strcmp(field, "gi") == 0 || strcmp(field, "ci") == 0) {
         char *end;
         if (*val < '0' || *val > '9') return -1;
@@ -1120,14 +1143,13 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *
 }
 
 /* Memory of a GPU or MIG device now: total, used (including reserved) and reserved, with
- * used <= total and reserved <= used. */
+ * reserved <= used. "used" may exceed "total", as some drivers report; "free" is then 0. */
 static void fk_memory(const fk_dev *d, const fk_mig *m, unsigned long long *total,
                       unsigned long long *used, unsigned long long *reserved) {
     const fk_value *f = m ? m->mem : d->f; /* both indexed by F_MEM_TOTAL.. F_MEM_RESERVED */
     *total = fk_u64v(&f[F_MEM_TOTAL]);
     *used = fk_u64v(&f[F_MEM_USED]);
     *reserved = fk_u64v(&f[F_MEM_RESERVED]);
-    if (*used > *total) *used = *total;
     if (*reserved > *used) *reserved = *used;
 }
 
@@ -1138,7 +1160,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
     fk_memory(d, m, &total, &used, &reserved);
     memory->total = total;
     memory->used = used;
-    memory->free = total - used;
+    memory->free = used > total ? 0 : total - used;
     DEV_RETURN(NVML_SUCCESS);
 }
 
@@ -1151,7 +1173,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
     memory->total = total;
     memory->reserved = reserved;
     memory->used = used - reserved; /* v2 "used" excludes the reserved part */
-    memory->free = total - used;
+    memory->free = used > total ? 0 : total - used;
     DEV_RETURN(NVML_SUCCESS);
 }
 
@@ -1349,6 +1371,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     double rel = fk_now() - S->t0;
     unsigned long long t0_us = (unsigned long long)(S->t0 * 1e6);
     unsigned long long ts = t0_us + (rel > 0 ? (unsigned long long)(rel * 1e6) / period * period : 0);
+    ts += (unsigned long long)(long long)(fk_eval(&d->f[F_PUTIL_OFFSET], rel) * 1000.0); /* skew */
     unsigned int n = (unsigned int)d->nputil, cap = *processSamplesCount;
     /* NVML: no samples newer than the caller's timestamp (idle GPU, or asked twice within one
      * sample period) is NOT_FOUND, also for the size probe. */
