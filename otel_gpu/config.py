@@ -32,6 +32,15 @@ ENV = {
     "shutdown_timeout_s": "OTEL_GPU_SHUTDOWN_TIMEOUT",
     "lock_dir": "OTEL_GPU_LOCK_DIR",
 }
+# The flag of each setting that commands take on the command line (error messages name it).
+FLAGS = {
+    "interval_s": "--interval",
+    "simulate": "--simulate",
+    "exporter": "--exporter",
+    "endpoint": "--endpoint",
+    "export_interval_s": "--export-interval",
+    "detect": "--no-detect",
+}
 
 
 @dataclass(frozen=True)
@@ -57,19 +66,31 @@ class Settings:
         """Build settings from explicit values (``None`` = not given), then env, then defaults."""
         env = os.environ if env is None else env
         values: dict[str, object] = {}
+        origin: dict[str, str] = {}  # where each given value came from, for error messages
         for f in fields(cls):
             given = explicit.get(f.name)
             if given is not None:
-                values[f.name] = _parse(f.name, given, "argument")
+                origin[f.name] = FLAGS.get(f.name, "argument")
+                values[f.name] = _parse(f.name, given, origin[f.name])
                 continue
             raw = env.get(ENV[f.name], "").strip()
             if raw:
+                origin[f.name] = ENV[f.name]
                 values[f.name] = _parse(f.name, raw, ENV[f.name])
         settings = replace(cls(), **values)  # type: ignore[arg-type]
-        settings.validate()
+        settings.validate(origin)
+        if settings.exporter == "otlp":
+            check_otlp_environment(env)
         return settings
 
-    def validate(self) -> None:
+    def validate(self, origin: Mapping[str, str] | None = None) -> None:
+        """Raise UsageError for the first bad value; ``origin`` maps a field to the flag or
+        variable it came from (default: its variable), so the message names what the user set."""
+        origin = origin or {}
+
+        def where(name: str) -> str:
+            return origin.get(name, ENV[name])
+
         if not self.interval_s >= 0.1:
             raise UsageError(f"interval {self.interval_s} s is too short: use 0.1 s or more")
         if not self.interval_s <= _MAX_SECONDS:
@@ -83,7 +104,7 @@ class Settings:
                 f"unknown exporter {self.exporter!r}: use one of {', '.join(EXPORTERS)}"
             )
         if self.endpoint is not None:
-            check_endpoint(self.endpoint)
+            check_endpoint(self.endpoint, where("endpoint"))
         if self.max_processes < 1:
             raise UsageError("max processes must be at least 1 (OTEL_GPU_MAX_PROCESSES)")
         for name in (
@@ -93,10 +114,33 @@ class Settings:
             "shutdown_timeout_s",
         ):
             if not 0 < getattr(self, name) <= _MAX_SECONDS:
-                raise UsageError(f"{ENV[name]} must be a positive number of at most 3600 s")
+                if where(name) == _MS_VARIABLE:
+                    raise UsageError(
+                        f"{_MS_VARIABLE} must be a positive number of ms, at most 3600000"
+                    )
+                raise UsageError(f"{where(name)} must be a positive number of at most 3600 s")
+        if not os.path.isfile(os.path.join(self.proc_root, "stat")):
+            raise UsageError(
+                f"{where('proc_root')}={self.proc_root}: no process table there (no "
+                f"{os.path.join(self.proc_root, 'stat')}); unset it, or mount the host's /proc "
+                "and point it there"
+            )
+        if self.nvml_library is not None:
+            lib = self.nvml_library
+            if not os.path.isabs(lib):
+                raise UsageError(
+                    f"{where('nvml_library')}={lib} is a relative path: give the absolute path "
+                    "of libnvidia-ml.so.1 (e.g. /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1)"
+                )
+            if not os.path.isfile(lib):
+                raise UsageError(
+                    f"{where('nvml_library')}={lib}: no such file; give the path of an existing "
+                    "libnvidia-ml.so.1, or unset it to use the driver's"
+                )
 
 
 _MAX_SECONDS = 3600.0  # bound on every period and timeout (also rejects inf and NaN)
+_MS_VARIABLE = "OTEL_METRIC_EXPORT_INTERVAL"  # the one period set in milliseconds
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -128,18 +172,56 @@ def _parse(name: str, raw: object, source: str) -> object:
     return text
 
 
-def check_endpoint(endpoint: str) -> str:
-    """Accept ``http(s)://host:port`` or ``host:port``; raise UsageError otherwise."""
+def check_endpoint(endpoint: str, where: str | None = None) -> str:
+    """Accept ``http(s)://host:port`` or ``host:port``; raise UsageError otherwise.
+
+    ``where``: the flag or variable the value came from, named in the message."""
     text = endpoint.strip()
     candidate = text if "://" in text else f"http://{text}"
     parts = urlsplit(candidate)
+    named = f" ({where})" if where else ""
     try:
         port = parts.port
     except ValueError:
         port = -1
+    digits = parts.netloc.rpartition(":")[2]
+    if port in (-1, 0) and digits.isdigit() and parts.hostname:
+        raise UsageError(
+            f"bad OTLP endpoint {text!r}{named}: port {digits} is out of range; use a port "
+            "from 1 to 65535 (for example http://localhost:4317)"
+        )
     if parts.scheme not in ("http", "https") or not parts.hostname or port in (-1, None):
         raise UsageError(
-            f"bad OTLP endpoint {text!r}: use http://HOST:PORT or https://HOST:PORT, port "
+            f"bad OTLP endpoint {text!r}{named}: use http://HOST:PORT or https://HOST:PORT, port "
             "included (for example http://localhost:4317)"
         )
     return text
+
+
+# The SDK reads these files only when it opens a TLS channel, and logs a traceback for a
+# missing one while the job runs on unexported; they are checked before anything starts.
+_OTLP_FILES = (
+    "OTEL_EXPORTER_OTLP_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE",
+)
+# The SDK takes anything but "true" (any case) as false, so a typo silently turns TLS on.
+_OTLP_FLAGS = ("OTEL_EXPORTER_OTLP_INSECURE", "OTEL_EXPORTER_OTLP_METRICS_INSECURE")
+
+
+def check_otlp_environment(env: Mapping[str, str]) -> None:
+    """Refuse OTLP settings the SDK would misread or fail on later (UsageError, one line)."""
+    for name in _OTLP_FLAGS:
+        value = env.get(name)
+        if value is not None and value.lower() not in ("true", "false"):
+            raise UsageError(f"{name}={value!r}: use true (plain gRPC) or false (TLS)")
+    for name in _OTLP_FILES:
+        path = env.get(name)
+        if path and not os.access(path, os.R_OK):
+            problem = "no such file" if not os.path.exists(path) else "not readable"
+            raise UsageError(
+                f"{name}={path}: {problem}; give the path of a readable PEM file, or unset it"
+            )

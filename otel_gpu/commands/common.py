@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections.abc import Sequence
 
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
@@ -92,3 +93,21 @@ def build_resource(
     name = service_name or default_service_name(command)
     base = Resource.create({SERVICE_NAME: name})
     return get_aggregated_resources(detectors, initial_resource=base, timeout=5)
+
+
+# Variables otel-gpu put into its own environment, which a launched job must not inherit.
+ADDED_ENV: set[str] = set()
+
+
+def quiet_grpc() -> None:
+    """Keep gRPC's C core from printing its own log lines (``E1201 ... add_port.cc``) beside
+    ours, unless the user asked for them with ``GRPC_VERBOSITY``. Must run before grpc is
+    imported (it reads the variable once)."""
+    if "GRPC_VERBOSITY" not in os.environ:
+        os.environ["GRPC_VERBOSITY"] = "NONE"
+        ADDED_ENV.add("GRPC_VERBOSITY")
+
+
+def job_environment() -> dict[str, str]:
+    """The environment a launched job gets: the user's, without what otel-gpu added."""
+    return {k: v for k, v in os.environ.items() if k not in ADDED_ENV}
