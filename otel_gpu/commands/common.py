@@ -69,11 +69,12 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     )
 
 
+# Every command's log lines look alike.
+LOG_FORMAT = "otel-gpu: %(levelname)s %(name)s: %(message)s"
+
+
 def setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="otel-gpu: %(levelname)s %(name)s: %(message)s",
-    )
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format=LOG_FORMAT)
 
 
 def build_resource(
