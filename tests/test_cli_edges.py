@@ -121,6 +121,15 @@ def test_no_collector_is_reported_once_per_episode_and_grpc_core_stays_quiet() -
     assert "can only be called once" not in res.stderr
 
 
+def test_the_job_gets_the_users_environment_without_otel_gpus_grpc_setting() -> None:
+    show = "import os; print(os.environ.get('GRPC_VERBOSITY'))"
+    for env, expected in ((_env(), "None"), (_env(GRPC_VERBOSITY="DEBUG"), "DEBUG")):
+        res = otel_gpu("run", "--exporter", "none", "--no-detect", "--", sys.executable, "-c",
+                       show, env=env)  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip().splitlines()[-1] == expected
+
+
 def test_without_a_gpu_the_nvml_warning_appears_once(tmp_path: Path) -> None:
     """The resource detector and the agent both open NVML; one machine without a GPU is one
     line. (No libnvidia-ml.so.1 is on this machine's library path.)"""

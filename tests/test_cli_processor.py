@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -14,13 +15,15 @@ from test_processor_peers import ROOT, ProcessorProcess, call, free_port, leak_r
 from otel_gpu.processor.wire import METRICS_EXPORT
 
 
-def processor(*args: str) -> subprocess.CompletedProcess[str]:
+def processor(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
     return subprocess.run(
         [sys.executable, "-m", "otel_gpu.cli", "processor", *args],
         capture_output=True,
         text=True,
         timeout=60,
         cwd=ROOT,
+        env={**base, **env},
     )
 
 
@@ -37,6 +40,12 @@ def test_an_address_not_on_this_host_is_named_as_such() -> None:
     line = _one_line(processor("--listen", f"192.0.2.1:{free_port()}"))
     assert "cannot assign requested address" in line
     assert "port in use" not in line
+
+
+def test_grpc_core_logs_only_when_the_user_asks_with_grpc_verbosity() -> None:
+    res = processor("--listen", f"192.0.2.1:{free_port()}", GRPC_VERBOSITY="ERROR")
+    assert res.returncode == 2
+    assert GRPC_CORE_LINE.search(res.stderr), res.stderr
 
 
 def test_a_port_in_use_is_named_as_such() -> None:
