@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Iterable
-from typing import IO, Any
+from typing import Any
 
 from opentelemetry.metrics import MeterProvider
 
 from otel_gpu import metrics, selfmetrics
 from otel_gpu.config import Settings
+from otel_gpu.node_lock import acquire_node_lock  # re-exported: the commands import it here
 from otel_gpu.sampling.isolated import SamplerProcess, SamplerSpec
 from otel_gpu.sampling.sampler import Sampler
 from otel_gpu.sampling.source import DeviceSource
@@ -25,7 +25,6 @@ from otel_gpu.selfmetrics import ExportHealth
 
 log = logging.getLogger("otel_gpu.agent")
 
-_LOCK_NAME = "otel-gpu-node-{uid}.lock"
 # New processes in the watched tree are found within this many seconds; between those full
 # /proc scans a sweep reads only the known tree and the GPU processes.
 DISCOVERY_PERIOD_S = 5.0
@@ -133,41 +132,6 @@ def _version() -> str:
     from otel_gpu import __version__
 
     return __version__
-
-
-# -- node ownership ---------------------------------------------------------------------------
-
-_node_lock: IO[str] | None = None
-
-
-def acquire_node_lock(lock_dir: str | None = None) -> bool:
-    """Take the per-node (per-user, per-temp-dir) lock; True if this process now owns the node.
-
-    The lock is an ``flock`` on a file, released by the kernel when the process exits, so a
-    crashed owner never blocks the next one.
-    """
-    import fcntl
-
-    global _node_lock
-    if _node_lock is not None:
-        return True
-    path = os.path.join(lock_dir or tempfile.gettempdir(), _LOCK_NAME.format(uid=os.getuid()))
-    try:
-        handle = open(path, "a+")  # noqa: SIM115 - held for the life of the process
-    except OSError as exc:
-        log.warning("cannot open the node lock %s (%s); not sampling in this process", path, exc)
-        return False
-    try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.close()
-        return False
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"{os.getpid()}\n")
-    handle.flush()
-    _node_lock = handle
-    return True
 
 
 class BackgroundAgent:

@@ -11,6 +11,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from otel_gpu import __version__
+from otel_gpu.commands.common import quiet_grpc
 from otel_gpu.errors import UsageError
 
 # Order is the order of `otel-gpu --help`.
@@ -37,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="OpenTelemetry agent for GPU jobs: NVML and per-process metrics, "
         "training spans, git provenance, leak and stall detection.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    parser.add_argument("--version", action="version", version=f"otel-gpu {__version__}")
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", parser_class=_Parser)
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_parser(sub)
     return parser
@@ -45,9 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    quiet_grpc()
     try:
         parser = build_parser()
-        args = parser.parse_args(args_list)
+        args, extra = parser.parse_known_args(args_list)
+        if extra:
+            # Point at the subcommand's own help: the top-level help does not list its options.
+            prog = f"otel-gpu {args.subcommand}" if args.subcommand else "otel-gpu"
+            raise UsageError(f"unrecognized arguments: {' '.join(extra)} (see '{prog} --help')")
         if not getattr(args, "func", None):
             parser.print_help()
             return 2

@@ -38,6 +38,16 @@ ENV = {
     "process_command": "OTEL_GPU_PROCESS_COMMAND",
 }
 SAMPLER_MODES = ("process", "thread")
+# The flag of each setting that commands take on the command line (error messages name it).
+FLAGS = {
+    "interval_s": "--interval",
+    "simulate": "--simulate",
+    "exporter": "--exporter",
+    "endpoint": "--endpoint",
+    "export_interval_s": "--export-interval",
+    "detect": "--no-detect",
+    "health": "--health",
+}
 
 
 @dataclass(frozen=True)
@@ -71,19 +81,31 @@ class Settings:
         """Build settings from explicit values (``None`` = not given), then env, then defaults."""
         env = os.environ if env is None else env
         values: dict[str, object] = {}
+        origin: dict[str, str] = {}  # where each given value came from, for error messages
         for f in fields(cls):
             given = explicit.get(f.name)
             if given is not None:
-                values[f.name] = _parse(f.name, given, "argument")
+                origin[f.name] = FLAGS.get(f.name, "argument")
+                values[f.name] = _parse(f.name, given, origin[f.name])
                 continue
             raw = env.get(ENV[f.name], "").strip()
             if raw:
+                origin[f.name] = ENV[f.name]
                 values[f.name] = _parse(f.name, raw, ENV[f.name])
         settings = replace(cls(), **values)  # type: ignore[arg-type]
-        settings.validate()
+        settings.validate(origin)
+        if settings.exporter == "otlp":
+            check_otlp_environment(env)
         return settings
 
-    def validate(self) -> None:
+    def validate(self, origin: Mapping[str, str] | None = None) -> None:
+        """Raise UsageError for the first bad value; ``origin`` maps a field to the flag or
+        variable it came from (default: its variable), so the message names what the user set."""
+        origin = origin or {}
+
+        def where(name: str) -> str:
+            return origin.get(name, ENV[name])
+
         if not self.interval_s >= 0.1:
             raise UsageError(f"interval {self.interval_s} s is too short: use 0.1 s or more")
         if not self.interval_s <= _MAX_SECONDS:
@@ -97,7 +119,7 @@ class Settings:
                 f"unknown exporter {self.exporter!r}: use one of {', '.join(EXPORTERS)}"
             )
         if self.endpoint is not None:
-            check_endpoint(self.endpoint)
+            check_endpoint(self.endpoint, where("endpoint"))
         if self.sampler not in SAMPLER_MODES:
             raise UsageError(
                 f"{ENV['sampler']}={self.sampler!r}: use one of {', '.join(SAMPLER_MODES)}"
@@ -117,10 +139,33 @@ class Settings:
             "health_export_grace_s",
         ):
             if not 0 < getattr(self, name) <= _MAX_SECONDS:
-                raise UsageError(f"{ENV[name]} must be a positive number of at most 3600 s")
+                if where(name) == _MS_VARIABLE:
+                    raise UsageError(
+                        f"{_MS_VARIABLE} must be a positive number of ms, at most 3600000"
+                    )
+                raise UsageError(f"{where(name)} must be a positive number of at most 3600 s")
+        if not os.path.isfile(os.path.join(self.proc_root, "stat")):
+            raise UsageError(
+                f"{where('proc_root')}={self.proc_root}: no process table there (no "
+                f"{os.path.join(self.proc_root, 'stat')}); unset it, or mount the host's /proc "
+                "and point it there"
+            )
+        if self.nvml_library is not None:
+            lib = self.nvml_library
+            if not os.path.isabs(lib):
+                raise UsageError(
+                    f"{where('nvml_library')}={lib} is a relative path: give the absolute path "
+                    "of libnvidia-ml.so.1 (e.g. /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1)"
+                )
+            if not os.path.isfile(lib):
+                raise UsageError(
+                    f"{where('nvml_library')}={lib}: no such file; give the path of an existing "
+                    "libnvidia-ml.so.1, or unset it to use the driver's"
+                )
 
 
 _MAX_SECONDS = 3600.0  # bound on every period and timeout (also rejects inf and NaN)
+_MS_VARIABLE = "OTEL_METRIC_EXPORT_INTERVAL"  # the one period set in milliseconds
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -154,25 +199,34 @@ def _parse(name: str, raw: object, source: str) -> object:
             return False
         raise UsageError(f"{source}={text!r}: use true or false")
     if name == "health":
-        check_hostport(text, "--health" if source == "argument" else f"{source}=")
+        check_hostport(text, source if source.startswith("-") else f"{source}=")
         return text
     if name in ("simulate", "exporter", "sampler", "process_command"):
         return text.lower()
     return text
 
 
-def check_endpoint(endpoint: str) -> str:
-    """Accept ``http(s)://host:port`` or ``host:port``; raise UsageError otherwise."""
+def check_endpoint(endpoint: str, where: str | None = None) -> str:
+    """Accept ``http(s)://host:port`` or ``host:port``; raise UsageError otherwise.
+
+    ``where``: the flag or variable the value came from, named in the message."""
     text = endpoint.strip()
     candidate = text if "://" in text else f"http://{text}"
     parts = urlsplit(candidate)
+    named = f" ({where})" if where else ""
     try:
         port = parts.port
     except ValueError:
         port = -1
+    digits = parts.netloc.rpartition(":")[2]
+    if port in (-1, 0) and digits.isdigit() and parts.hostname:
+        raise UsageError(
+            f"bad OTLP endpoint {text!r}{named}: port {digits} is out of range; use a port "
+            "from 1 to 65535 (for example http://localhost:4317)"
+        )
     if parts.scheme not in ("http", "https") or not parts.hostname or port in (-1, None):
         raise UsageError(
-            f"bad OTLP endpoint {text!r}: use http://HOST:PORT or https://HOST:PORT, port "
+            f"bad OTLP endpoint {text!r}{named}: use http://HOST:PORT or https://HOST:PORT, port "
             "included (for example http://localhost:4317)"
         )
     return text
@@ -186,3 +240,32 @@ def check_hostport(text: str, flag: str) -> tuple[str, int]:
         shown = f"{flag}{text}" if flag.endswith("=") else f"{flag} {text}"
         raise UsageError(f"{shown}: use HOST:PORT with a port from 0 to 65535, e.g. 127.0.0.1:8081")
     return host, int(port)
+
+
+# The SDK reads these files only when it opens a TLS channel, and logs a traceback for a
+# missing one while the job runs on unexported; they are checked before anything starts.
+_OTLP_FILES = (
+    "OTEL_EXPORTER_OTLP_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE",
+)
+# The SDK takes anything but "true" (any case) as false, so a typo silently turns TLS on.
+_OTLP_FLAGS = ("OTEL_EXPORTER_OTLP_INSECURE", "OTEL_EXPORTER_OTLP_METRICS_INSECURE")
+
+
+def check_otlp_environment(env: Mapping[str, str]) -> None:
+    """Refuse OTLP settings the SDK would misread or fail on later (UsageError, one line)."""
+    for name in _OTLP_FLAGS:
+        value = env.get(name)
+        if value is not None and value.lower() not in ("true", "false"):
+            raise UsageError(f"{name}={value!r}: use true (plain gRPC) or false (TLS)")
+    for name in _OTLP_FILES:
+        path = env.get(name)
+        if path and not os.access(path, os.R_OK):
+            problem = "no such file" if not os.path.exists(path) else "not readable"
+            raise UsageError(
+                f"{name}={path}: {problem}; give the path of a readable PEM file, or unset it"
+            )

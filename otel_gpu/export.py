@@ -44,6 +44,8 @@ def metric_readers(
     if settings.exporter == "otlp":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
+        from otel_gpu.export_log import EpisodeReportingExporter
+
         kwargs: dict[str, object] = {"timeout": settings.export_timeout_s}
         if settings.endpoint:
             kwargs["endpoint"] = settings.endpoint
@@ -53,9 +55,12 @@ def metric_readers(
             raise UsageError(
                 f"cannot configure the OTLP exporter from the OTEL_EXPORTER_OTLP_* settings: {exc}"
             ) from None
+        target = settings.endpoint or os.environ.get(
+            "OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4317"
+        )
         return [
             PeriodicExportingMetricReader(
-                counted(exporter),
+                counted(EpisodeReportingExporter(exporter, f"metric export to {target}")),
                 interval_ms,
                 export_timeout_millis=settings.export_timeout_s * 1000.0,
             )
@@ -70,7 +75,10 @@ def meter_provider(
     export_health: ExportHealth | None = None,
 ) -> MeterProvider:
     readers = [*metric_readers(settings, export_health), *extra_readers]
-    return MeterProvider(metric_readers=readers, resource=resource or Resource.create())
+    # Shut down once, by the command, within its bound (no second, unbounded call at exit).
+    return MeterProvider(
+        metric_readers=readers, resource=resource or Resource.create(), shutdown_on_exit=False
+    )
 
 
 def bounded(fn: Callable[[], object], timeout_s: float, what: str) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from otel_gpu.actions.stop import start_ticks as read_start_ticks
 from otel_gpu.detect.breaker import CLOSED, HALF_OPEN, OPEN, Breaker, BreakerConfig, Transition
 from otel_gpu.detect.engine import DetectConfig, Engine
 from otel_gpu.detect.model import Alert, Point
@@ -97,6 +98,7 @@ class Watchdog:
         phase: Callable[[], str | None] = lambda: None,
         step: Callable[[], float | None] = lambda: None,
         host_memory: int | None = None,
+        start_ticks: Callable[[int], int | None] | None = None,
     ) -> None:
         self.engine = engine
         self.breaker = breaker
@@ -111,8 +113,10 @@ class Watchdog:
         self._absent: dict[str, int] = {}
         self._states: dict[str, str] = {}  # breaker state per subject, copied for callbacks
         self.alerts: list[Alert] = []  # the latest alerts, bounded, for status displays
-        # The job's trainer processes (the only ones a stop may signal): PID -> start time.
-        self._trainers: dict[int, float | None] = {}
+        # The job's trainer processes (the only ones a stop may signal): PID -> start ticks.
+        self._trainers: dict[int, int | None] = {}
+        # Reads a PID's start time (clock ticks) just before a stop; injected in tests.
+        self._start_ticks = start_ticks or read_start_ticks
         self.alert_listeners: list[Callable[[Alert], None]] = []
         self.transition_listeners: list[Callable[[Transition], None]] = []
 
@@ -130,12 +134,14 @@ class Watchdog:
         from otel_gpu.actions.stop import JobStopper
 
         phase, step = _in_process_progress()
+        proc_root = getattr(tree, "proc_root", "/proc")  # where the sweeps read start times
         watchdog = cls(
             Engine(DetectConfig.from_env()),
             Breaker(BreakerConfig.from_env()),
             phase=phase,
             step=step,
             host_memory=psutil.virtual_memory().total,
+            start_ticks=lambda pid: read_start_ticks(pid, proc_root),
         )
         stopper = JobStopper(
             watchdog.verified_trainers, request_fn=_graceful_stop() if in_process else None
@@ -171,7 +177,7 @@ class Watchdog:
         watched tree. Without GPU processes (no GPU visible), none: nothing is signalled."""
         on_gpu = {snap.host_to_local.get(gp.pid, gp.pid) for gp in snap.gpu_processes}
         self._trainers = {
-            p.pid: p.create_time for p in snap.processes if p.in_tree and p.pid in on_gpu
+            p.pid: p.start_ticks for p in snap.processes if p.in_tree and p.pid in on_gpu
         }
 
     @property
@@ -179,19 +185,14 @@ class Watchdog:
         return set(self._trainers)
 
     def verified_trainers(self) -> set[int]:
-        """The trainers that are still the same processes now (start time re-read), so a PID
-        reused since the last sweep is never signalled. Called only when a stop fires."""
-        import psutil
-
-        alive = set()
-        for pid, started in list(self._trainers.items()):
-            try:
-                now_started = psutil.Process(pid).create_time()
-            except psutil.Error:
-                continue
-            if started is not None and abs(now_started - started) < 1.0:
-                alive.add(pid)
-        return alive
+        """The trainers that are still the same processes now (start time re-read, exact to
+        the clock tick), so a PID reused since the last sweep is never signalled. Called only
+        when a stop fires."""
+        return {
+            pid
+            for pid, started in list(self._trainers.items())
+            if started is not None and self._start_ticks(pid) == started
+        }
 
     def _on_alert(self, alert: Alert) -> None:
         with self._lock:

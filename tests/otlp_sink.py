@@ -56,7 +56,7 @@ class Point:
 class OtlpSink:
     """Start with ``with OtlpSink() as sink:``; ``sink.endpoint`` is ``http://127.0.0.1:PORT``."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self._lock = threading.Lock()
         self.trace_requests: list[tuple[str, Any]] = []
         self.metric_requests: list[tuple[str, Any]] = []
@@ -85,7 +85,7 @@ class OtlpSink:
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), self._server)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), self._server)
         logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), self._server)
-        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
         self.endpoint = f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> OtlpSink:

@@ -111,8 +111,10 @@ def test_analyze_bad_file_one_line_exit_2(tmp_path, content, expect):
     good = DEV / "stall_lowutil_0.csv"
     proc = analyze(str(bad), str(good))
     assert proc.returncode == 2
-    err = proc.stderr.strip().splitlines()
+    # One error line for the bad file; the good one gets its summary line.
+    err = [line for line in proc.stderr.strip().splitlines() if "error:" in line]
     assert len(err) == 1 and str(bad) + expect in err[0], proc.stderr
+    assert f"otel-gpu: {good}: " in proc.stderr
     assert "Traceback" not in proc.stderr
     assert [json.loads(x)["kind"] for x in proc.stdout.splitlines()] == [
         "stall"

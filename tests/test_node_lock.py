@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 SCRIPT = textwrap.dedent(
     """
@@ -63,3 +67,50 @@ def test_start_in_process_never_raises_on_a_bad_lock_dir(tmp_path: Path) -> None
     assert res.returncode == 0
     assert res.stdout.startswith("follower")
     assert "node lock" in res.stderr
+
+
+def test_a_planted_symlink_is_not_followed(tmp_path: Path) -> None:
+    """Another user's symlink at the lock's name must not make us truncate its target."""
+    from otel_gpu.node_lock import LOCK_FILE, open_node_lock
+
+    lock_dir = tmp_path / "locks"
+    lock_dir.mkdir(mode=0o700)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (lock_dir / LOCK_FILE).symlink_to(victim)
+    assert open_node_lock(str(lock_dir)) is None
+    assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize(
+    ("mode", "usable"),
+    [(0o700, True), (0o755, True), (0o770, False), (0o777, False), (0o1777, False)],
+)
+def test_only_a_directory_only_this_user_can_write_holds_the_lock(
+    tmp_path: Path, mode: int, usable: bool
+) -> None:
+    from otel_gpu.node_lock import LOCK_FILE, open_node_lock
+
+    lock_dir = tmp_path / "locks"
+    lock_dir.mkdir()
+    lock_dir.chmod(mode)
+    fd = open_node_lock(str(lock_dir))
+    try:
+        assert (fd is not None) == usable
+        assert (lock_dir / LOCK_FILE).exists() == usable
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def test_the_default_lock_lives_in_a_private_directory(tmp_path: Path) -> None:
+    """Without OTEL_GPU_LOCK_DIR, the lock goes in <temp>/otel-gpu-<uid>, created 0700."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    res = subprocess.run(
+        [sys.executable, "-c", "from otel_gpu.node_lock import acquire_node_lock as a; print(a())"],
+        capture_output=True, text=True, timeout=30, env=env,
+    )  # fmt: skip
+    assert res.stdout.strip() == "True", res.stderr
+    private = tmp_path / f"otel-gpu-{os.getuid()}"
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    assert (private / "node.lock").read_text().strip().isdigit()

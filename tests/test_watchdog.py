@@ -185,33 +185,58 @@ def test_stop_targets_are_watched_processes_on_a_gpu_only() -> None:
     assert wd.trainer_pids == set()
 
 
-def test_a_reused_pid_is_never_a_stop_target() -> None:
-    """The stop re-reads each trainer's start time: a PID now held by another process (a
-    different start time than the sweep saw) is not signalled."""
-    import psutil
+def _trainer_sweep(wd: Watchdog, pid: int, start_ticks: int | None) -> None:
+    wd.on_snapshot(
+        Snapshot(
+            time=1.0,
+            gpus=(GpuSample(uuid="G", index=0, processes_listed=True),),
+            gpu_processes=(GpuProcessSample(pid=pid, gpu_uuid="G", used_memory=1),),
+            processes=(ProcessSample(pid=pid, start_ticks=start_ticks),),
+        )
+    )
 
+
+@pytest.mark.parametrize(
+    ("seen", "now", "verified"),
+    [
+        (5000, 5000, True),  # the same process
+        (5000, 5001, False),  # PID reused one tick (10 ms) later: a 1 s tolerance missed it
+        (5000, 4999, False),
+        (5000, None, False),  # gone
+        (None, 5000, False),  # start unknown at the sweep: never signalled
+    ],
+)
+def test_a_stop_target_must_have_the_exact_start_tick_the_sweep_saw(
+    seen: int | None, now: int | None, verified: bool
+) -> None:
     from otel_gpu.detect.breaker import Breaker
     from otel_gpu.detect.engine import Engine
 
+    wd = Watchdog(Engine(), Breaker(), start_ticks=lambda pid: now)
+    _trainer_sweep(wd, 4242, seen)
+    assert wd.trainer_pids == {4242}
+    assert wd.verified_trainers() == ({4242} if verified else set())
+
+
+def test_a_reused_pid_is_never_a_stop_target() -> None:
+    """The real reader on a real child: the start tick the process tree saw verifies it; one
+    tick off (another process under the same PID, started within the same second) does not."""
+    from otel_gpu.actions.stop import start_ticks
+    from otel_gpu.detect.breaker import Breaker
+    from otel_gpu.detect.engine import Engine
+    from otel_gpu.sampling.procs import ProcessTree
+
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        started = psutil.Process(child.pid).create_time()
+        seen = {p.pid: p.start_ticks for p in ProcessTree([child.pid]).sample().processes}
+        ticks = seen[child.pid]
+        assert ticks is not None and start_ticks(child.pid) == ticks
         wd = Watchdog(Engine(), Breaker())
-
-        def sweep(create_time: float) -> None:
-            wd.on_snapshot(
-                Snapshot(
-                    time=1.0,
-                    gpus=(GpuSample(uuid="G", index=0, processes_listed=True),),
-                    gpu_processes=(GpuProcessSample(pid=child.pid, gpu_uuid="G", used_memory=1),),
-                    processes=(ProcessSample(pid=child.pid, create_time=create_time),),
-                )
-            )
-
-        sweep(started)
+        _trainer_sweep(wd, child.pid, ticks)
         assert wd.verified_trainers() == {child.pid}
-        sweep(started - 3600.0)  # the sweep saw an older process under this PID
+        _trainer_sweep(wd, child.pid, ticks - 1)
         assert wd.trainer_pids == {child.pid} and wd.verified_trainers() == set()
     finally:
         child.kill()
         child.wait()
+    assert start_ticks(child.pid) is None  # reaped: no process, no identity

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from otel_gpu.errors import UsageError
+from otel_gpu.sampling.procfs import read_stat
 
 log = logging.getLogger("otel_gpu.actions")
 
@@ -138,6 +139,15 @@ class JobStopper:
         else:
             log.warning("no job process to signal (%s not sent): %s", self.signal.name, reason)
         return StopResult(False, tuple(sent), tuple(sorted(refused)))
+
+
+def start_ticks(pid: int, proc_root: str = "/proc") -> int | None:
+    """The process's start time in clock ticks after boot (``/proc/PID/stat`` field 22), or
+    None when it is gone. With the PID, an exact identity: a PID reused even within the same
+    second by another process has a different value (a float start time compared with a
+    tolerance would not tell them apart)."""
+    st = read_stat(proc_root, pid)
+    return None if st is None else st.starttime
 
 
 def _pidfd_open(pid: int) -> int | None:

@@ -9,13 +9,15 @@ analyzed and the exit code is 2.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from otel_gpu.detect.engine import DetectConfig, Engine
-from otel_gpu.detect.trace import TraceError, read_trace, replay, subject_for
+from otel_gpu.detect.model import Point
+from otel_gpu.detect.trace import COLUMNS, TraceError, read_trace, replay, subject_for
 from otel_gpu.errors import UsageError
 
 
@@ -27,7 +29,9 @@ def add_parser(subparsers: Any) -> None:
         "[,util,procs,phase,power_w,power_limit_w]) through the leak, stall, threshold and "
         "anomaly detectors and print one JSON line per alert.",
     )
-    p.add_argument("files", nargs="+", metavar="FILE.csv", help="trace files")
+    p.add_argument(
+        "files", nargs="+", metavar="FILE.csv", help="trace files; - reads standard input"
+    )
     p.add_argument(
         "--config",
         metavar="FILE",
@@ -81,14 +85,29 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine(load_config(args.config))
     failed = False
     out = sys.stdout
+    warned: set[str] = set()
+
     for name in args.files:
+
+        def unknown(columns: list[str], name: str = name) -> None:
+            new = [c for c in columns if c not in warned]
+            warned.update(new)
+            if new:
+                print(
+                    f"otel-gpu: warning: {name}: ignoring column(s) {', '.join(new)}; the "
+                    f"detectors read {', '.join(COLUMNS)}",
+                    file=sys.stderr,
+                )
+
         try:
-            points = read_trace(name)
+            points = read_trace(name, stream=_stdin() if name == "-" else None, on_unknown=unknown)
         except TraceError as exc:
             print(f"otel-gpu: error: {exc}", file=sys.stderr)
             failed = True
             continue
-        for alert in replay(engine, subject_for(name), points):
+        alerts = replay(engine, subject_for(name), points)
+        print(f"otel-gpu: {_summary(name, points, len(alerts))}", file=sys.stderr)
+        for alert in alerts:
             record = {
                 "file": name,
                 "kind": alert.kind,
@@ -100,3 +119,19 @@ def run(args: argparse.Namespace) -> int:
             out.write(json.dumps(record) + "\n")
         out.flush()
     return 2 if failed else 0
+
+
+def _stdin() -> TextIO:
+    """Standard input as the CSV reader wants it: UTF-8 (BOM dropped), line ends untranslated."""
+    return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", newline="")
+
+
+def _summary(name: str, points: list[Point], alerts: int) -> str:
+    """One line per file: samples, the time they span, and the alerts found."""
+    if not points:
+        return f"{name}: no samples, 0 alerts"
+    first, last = points[0].time, points[-1].time
+    return (
+        f"{name}: {len(points)} samples, {first:g}..{last:g} s ({(last - first) / 3600:.2f} h), "
+        f"{alerts} alert{'s' if alerts != 1 else ''}"
+    )

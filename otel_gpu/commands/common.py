@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -76,11 +77,12 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     )
 
 
+# Every command's log lines look alike.
+LOG_FORMAT = "otel-gpu: %(levelname)s %(name)s: %(message)s"
+
+
 def setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="otel-gpu: %(levelname)s %(name)s: %(message)s",
-    )
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format=LOG_FORMAT)
 
 
 def build_resource(
@@ -136,3 +138,21 @@ class AgentEndpoints:
     def close(self, timeout_s: float = 1.0) -> None:
         if self.server is not None:
             self.server.close(timeout_s)
+
+
+# Variables otel-gpu put into its own environment, which a launched job must not inherit.
+ADDED_ENV: set[str] = set()
+
+
+def quiet_grpc() -> None:
+    """Keep gRPC's C core from printing its own log lines (``E1201 ... add_port.cc``) beside
+    ours, unless the user asked for them with ``GRPC_VERBOSITY``. Must run before grpc is
+    imported (it reads the variable once)."""
+    if "GRPC_VERBOSITY" not in os.environ:
+        os.environ["GRPC_VERBOSITY"] = "NONE"
+        ADDED_ENV.add("GRPC_VERBOSITY")
+
+
+def job_environment() -> dict[str, str]:
+    """The environment a launched job gets: the user's, without what otel-gpu added."""
+    return {k: v for k, v in os.environ.items() if k not in ADDED_ENV}

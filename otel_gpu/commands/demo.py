@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import json
 import logging
+import signal
 import subprocess
 import sys
 import threading
@@ -36,6 +37,9 @@ WORKLOAD = (
     "    step += 1\n"
     "    time.sleep(0.05)\n"
 )
+
+
+_IGNORE_SIGINT = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -102,7 +106,8 @@ def demo(args: argparse.Namespace) -> int:
         metric_readers=[reader], resource=Resource.create({"service.name": "otel-gpu-demo"})
     )
     source = SimulatedSource(args.scenario, time_scale=120.0, leak_bytes_per_s=12 * GIB / 3600)
-    child = subprocess.Popen([sys.executable, "-c", WORKLOAD])
+    # The workload ignores Ctrl-C (the terminal sends it to the whole group): the demo stops it.
+    child = subprocess.Popen([sys.executable, "-c", _IGNORE_SIGINT + WORKLOAD])
     dispatcher = ActionDispatcher([JsonNotifier(url)], backoff_s=0.2, source="otel-gpu demo")
     watchdog = Watchdog(
         # Shorter leak windows than the defaults (which wait ~2 h of data for a cache to show its
@@ -128,12 +133,20 @@ def demo(args: argparse.Namespace) -> int:
         "simulated time runs 120x faster; Ctrl-C to stop.",
         file=out,
     )
+    print(
+        "detection windows shortened for the demo; the defaults need ~2 h of data for a slow leak",
+        file=out,
+    )
+    # Ctrl-C ends the demo cleanly (exit 130) wherever it lands, never with a traceback.
+    interrupted = threading.Event()
+    previous_sigint = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     agent.start()
     started = time.monotonic()
     notified_at: float | None = None
     try:
         while time.monotonic() - started < args.max_seconds:
-            time.sleep(1.0)
+            if interrupted.wait(1.0):
+                break
             while events:
                 print(f"  >>> {events.pop(0)}", file=out)
             snap = agent.sampler.latest
@@ -146,8 +159,6 @@ def demo(args: argparse.Namespace) -> int:
             if notified_at is not None and time.monotonic() - notified_at > 2.0:
                 break
         out.flush()
-    except KeyboardInterrupt:
-        pass
     finally:
         agent.shutdown(2.0)
         watchdog.close(2.0)
@@ -155,6 +166,10 @@ def demo(args: argparse.Namespace) -> int:
         child.wait(5)
         data = reader.get_metrics_data()
         receiver.shutdown()
+        signal.signal(signal.SIGINT, previous_sigint)
+    if interrupted.is_set():
+        print("\notel-gpu demo: stopped (Ctrl-C)", file=out)
+        return 130
     points, names = _count(data)
     print(
         f"\nlast metric collection: {points} data points in {len(names)} instruments "

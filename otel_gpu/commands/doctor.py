@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import socket
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit
 
 from otel_gpu.config import Settings
@@ -44,6 +45,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--simulate", metavar="SCENARIO", help="check against the simulated GPU instead of NVML"
     )
+    parser.add_argument(
+        "--json", action="store_true", help="print the checks as one JSON document on stdout"
+    )
     parser.set_defaults(func=doctor)
 
 
@@ -52,9 +56,15 @@ def doctor(args: argparse.Namespace) -> int:
     # Every finding is printed as a check line; the agent's own warnings would repeat them.
     logging.getLogger("otel_gpu").setLevel(logging.ERROR)
     failed = False
+    checks = []
     for check in run_checks(settings):
-        print(check.line())
+        if not args.json:
+            print(check.line(), flush=True)
+        checks.append(check)
         failed = failed or check.status == FAIL
+    if args.json:
+        doc = {"ok": not failed, "checks": [asdict(c) for c in checks]}
+        print(json.dumps(doc, indent=2))
     sys.stdout.flush()
     return 1 if failed else 0
 
@@ -93,6 +103,7 @@ def _gpu_checks(settings: Settings) -> Iterator[Check]:
             "install the NVIDIA driver (libnvidia-ml.so.1), run the container with the NVIDIA "
             "runtime, set OTEL_GPU_NVML_LIBRARY to the library's path, or use --simulate",
         )
+        yield _namespace_check(settings)
         return
     driver = info.driver_version or "unknown"
     cuda = info.cuda_driver_version or "unknown"
@@ -121,6 +132,7 @@ def _gpu_checks(settings: Settings) -> Iterator[Check]:
     mapped = tree.sample(pids)
     if not pids:
         yield Check(OK, "gpu processes", "none running")
+        yield _namespace_check(settings)
     elif mapped.unmapped_gpu_pids:
         yield Check(
             WARN,
@@ -132,6 +144,28 @@ def _gpu_checks(settings: Settings) -> Iterator[Check]:
         )
     else:
         yield Check(OK, "pid namespace", f"all {len(pids)} GPU processes visible")
+
+
+def _namespace_check(settings: Settings) -> Check:
+    """Without GPU processes to map, whether the PIDs NVML reports would be visible here:
+    NVML reports host PIDs, which a process in a container's PID namespace cannot see."""
+    from otel_gpu.sampling.procfs import read_status
+
+    levels = read_status("/proc", os.getpid())[1]
+    if settings.proc_root != "/proc":
+        return Check(OK, "pid namespace", f"host processes read from {settings.proc_root}")
+    if len(levels) > 1:
+        return Check(
+            WARN,
+            "pid namespace",
+            f"this process is in a nested PID namespace (PID {levels[-1]} here, {levels[0]} on "
+            "the host): GPU processes NVML reports will not be visible",
+            "run with the host PID namespace (docker --pid=host, Kubernetes hostPID: true) or "
+            "mount the host's /proc and set OTEL_GPU_PROC_ROOT to it",
+        )
+    if not levels:
+        return Check(WARN, "pid namespace", "unknown (no NSpid in /proc/self/status)")
+    return Check(OK, "pid namespace", "host PID namespace: NVML's PIDs are visible")
 
 
 def _git_check() -> Iterator[Check]:
@@ -153,18 +187,68 @@ def _git_check() -> Iterator[Check]:
 
 
 def _endpoint_check(settings: Settings) -> Check:
-    endpoint = settings.endpoint or "http://localhost:4317"
+    """A real OTLP handshake: an empty metrics Export, so a port that merely accepts TCP (a
+    plain HTTP server, another service) is not reported as a collector."""
+    endpoint = settings.endpoint or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4317"
+    )
     parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
     host, port = parts.hostname or "localhost", parts.port or 4317
+    where = f"{host}:{port}"
+    fix = (
+        "start a collector there (OTel Collector, rotel, `otel-gpu processor`) or set "
+        "OTEL_EXPORTER_OTLP_ENDPOINT / --endpoint"
+    )
     try:
-        with socket.create_connection((host, port), timeout=1.0):
+        with socket.create_connection((host, port), timeout=_HANDSHAKE_S):
             pass
+    except TimeoutError:
+        return Check(FAIL, "exporter", f"{where}: timed out connecting", fix)
     except OSError as exc:
+        return Check(FAIL, "exporter", f"{where}: refused ({exc.strerror or exc})", fix)
+    answer, code = otlp_handshake(where, tls=parts.scheme == "https")
+    if code is None:
+        return Check(OK, "exporter", f"{where}: OTLP ok ({answer})")
+    if code == "UNAUTHENTICATED":
         return Check(
-            FAIL,
+            WARN,
             "exporter",
-            f"cannot reach {host}:{port} ({exc.strerror or exc})",
-            "start a collector there (OTel Collector, rotel, `otel-gpu processor`) or set "
-            "OTEL_EXPORTER_OTLP_ENDPOINT / --endpoint",
+            f"{where}: an OTLP server that wants credentials ({answer})",
+            "set OTEL_EXPORTER_OTLP_HEADERS (e.g. authorization=Bearer%20TOKEN)",
         )
-    return Check(OK, "exporter", f"{host}:{port} accepts connections")
+    if code == "DEADLINE_EXCEEDED":
+        return Check(FAIL, "exporter", f"{where}: timed out (no OTLP answer in "
+                     f"{_HANDSHAKE_S:g} s)", fix)  # fmt: skip
+    return Check(FAIL, "exporter", f"{where}: not an OTLP gRPC server ({answer})", fix)
+
+
+_HANDSHAKE_S = 2.0  # deadline of the doctor's connection and handshake, seconds
+_METRICS_EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+
+
+def otlp_handshake(target: str, tls: bool = False) -> tuple[str, str | None]:
+    """Send an empty ExportMetricsServiceRequest (zero bytes on the wire) to ``target``.
+
+    (what answered, None) on success, else (the error detail, the gRPC status name)."""
+    import grpc
+
+    channel = (
+        grpc.secure_channel(target, grpc.ssl_channel_credentials())
+        if tls
+        else grpc.insecure_channel(target)
+    )
+    try:
+        call = channel.unary_unary(
+            _METRICS_EXPORT, request_serializer=bytes, response_deserializer=bytes
+        )
+        call(b"", timeout=_HANDSHAKE_S)
+        return "an empty metrics Export was accepted", None
+    except grpc.RpcError as exc:
+        code = exc.code() if hasattr(exc, "code") else None
+        name = code.name if code is not None else "UNKNOWN"
+        details = exc.details() if hasattr(exc, "details") else ""
+        # gRPC's detail repeats the address before the cause; keep the cause.
+        cause = (details or "").rsplit(f"{target}: ", 1)[-1].strip()
+        return f"{name}: {cause[:160]}", name
+    finally:
+        channel.close()

@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 
+from otel_gpu.commands.common import LOG_FORMAT
 from otel_gpu.errors import UsageError
 
 _ENV = "OTEL_GPU_PROCESSOR_"
@@ -159,7 +160,7 @@ def run_processor(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=LOG_FORMAT,
         stream=sys.stderr,
     )
     # grpc and urllib3 debug output could echo request metadata (the token): keep them quiet.

@@ -10,11 +10,13 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from otel_gpu.commands.common import (
     AgentEndpoints,
     add_agent_options,
     build_resource,
+    job_environment,
     settings_from_args,
     setup_logging,
 )
@@ -56,9 +58,31 @@ def job_command(raw: Sequence[str]) -> list[str]:
         raise UsageError(
             "no command to run: put it after '--', e.g. otel-gpu run -- python train.py"
         )
-    if shutil.which(cmd[0]) is None:
-        raise UsageError(f"command not found: {cmd[0]!r} (check the name or give its full path)")
+    program = cmd[0]
+    if "/" in program or shutil.which(program) is None:
+        _check_program(program)
     return cmd
+
+
+def _check_program(program: str) -> None:
+    """Say what is wrong with a program that cannot be run: missing, a directory, no x bit."""
+    path = Path(program)
+    if path.is_dir():
+        raise UsageError(f"{program!r} is a directory, not a command: name the program to run")
+    if "/" not in program:
+        if path.exists():  # a file here, which exec does not look for without a path
+            raise UsageError(
+                f"command not found: {program!r} (to run the file in this directory, "
+                f"give its path: ./{program})"
+            )
+        raise UsageError(f"command not found: {program!r} (check the name or give its full path)")
+    if not path.exists():
+        raise UsageError(f"command not found: {program!r} (no such file)")
+    if not os.access(path, os.X_OK):
+        raise UsageError(
+            f"{program!r} is not executable: chmod +x it, or run it with its interpreter "
+            f"(e.g. bash {program} or python {program})"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     agent = None
     try:
         try:
-            job.append(subprocess.Popen(cmd, start_new_session=True))
+            job.append(subprocess.Popen(cmd, start_new_session=True, env=job_environment()))
         except OSError as exc:
             raise UsageError(f"cannot start {cmd[0]!r}: {exc.strerror}") from None
         for signum in early:

@@ -17,6 +17,7 @@ from otel_gpu.commands.common import (
     setup_logging,
 )
 from otel_gpu.errors import UsageError
+from otel_gpu.sampling.procfs import read_stat
 
 _PID_MAX = 4194304  # the kernel's largest pid_max
 
@@ -35,16 +36,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def watch(args: argparse.Namespace) -> int:
+    if args.pid == 1:
+        # PID 1's tree is every process of the host (or container): the job would be everything.
+        raise UsageError(
+            "--pid 1 is init, whose tree is every process here, not a job: give the PID of "
+            "the job's own root process (e.g. from 'pgrep -f train.py')"
+        )
     if not 0 < args.pid <= _PID_MAX or not psutil.pid_exists(args.pid):
         raise UsageError(f"no process with PID {args.pid}: check it with 'ps -p {args.pid}'")
+    st = read_stat("/proc", args.pid)
     try:
         root = psutil.Process(args.pid)
-        created = root.create_time()
         name = root.name()
     except psutil.Error:
-        raise UsageError(
-            f"no process with PID {args.pid}: check it with 'ps -p {args.pid}'"
-        ) from None
+        st = None
+    if st is None:
+        raise UsageError(f"no process with PID {args.pid}: check it with 'ps -p {args.pid}'")
+    created = st.starttime
     settings = settings_from_args(args)
     setup_logging(args.verbose)
     from otel_gpu.agent import Agent, acquire_node_lock
@@ -86,13 +94,10 @@ def watch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _alive(pid: int, created: float) -> bool:
-    """True while the same process (not a reused PID) is running and not a zombie."""
-    try:
-        proc = psutil.Process(pid)
-        return proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+def _alive(pid: int, created: int) -> bool:
+    """True while the same process (same start tick: not a reused PID) runs, not a zombie."""
+    st = read_stat("/proc", pid)
+    return st is not None and st.starttime == created and st.state not in "ZX"
 
 
 def _visible_devices(root: psutil.Process) -> str | None:

@@ -2,8 +2,9 @@
 
 Format: a header with ``time_s,used_bytes,limit_bytes`` and optionally ``util`` (0..1),
 ``procs``, ``phase``, ``power_w``, ``power_limit_w``, ``step``, ``temperature_c``,
-``ecc_uncorrected``, ``xid_errors``, in any order. Other columns are ignored. An empty cell is
-unknown. Time must not go backwards.
+``ecc_uncorrected``, ``xid_errors``, in any order. Other columns are ignored (and reported to
+``on_unknown``). An empty cell is unknown. Time must not go backwards. A UTF-8 byte-order mark
+and CRLF line ends (files saved by spreadsheet programs) are accepted.
 """
 
 from __future__ import annotations
@@ -11,26 +12,41 @@ from __future__ import annotations
 import csv
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TextIO
 
 from otel_gpu.detect.engine import Engine
 from otel_gpu.detect.model import NUMERIC_FIELDS, Alert, Point
 from otel_gpu.errors import UsageError
 
 REQUIRED = ("time_s", "used_bytes", "limit_bytes")
+# Every column a detector reads (NUMERIC_FIELDS starts with used_bytes, limit_bytes).
+COLUMNS = ("time_s", *NUMERIC_FIELDS, "procs", "phase")
 
 
 class TraceError(UsageError):
     """A trace file that cannot be read; the message names the file and line."""
 
 
-def read_trace(path: str | os.PathLike[str]) -> list[Point]:
-    """All points of a CSV trace, validated. Raises TraceError on the first problem."""
+def read_trace(
+    path: str | os.PathLike[str],
+    *,
+    stream: TextIO | None = None,
+    on_unknown: Callable[[list[str]], None] | None = None,
+) -> list[Point]:
+    """All points of a CSV trace, validated. Raises TraceError on the first problem.
+
+    ``stream``: read this instead of opening ``path`` (which then only names it, e.g. stdin).
+    ``on_unknown`` gets the header's columns that no detector reads.
+    """
     name = os.fspath(path)
     try:
-        with open(name, newline="", encoding="utf-8") as fh:
-            return _parse(name, fh)
+        if stream is not None:
+            return _parse(name, stream, on_unknown)
+        # utf-8-sig: a byte-order mark would otherwise glue itself to the first column name.
+        with open(name, newline="", encoding="utf-8-sig") as fh:
+            return _parse(name, fh, on_unknown)
     except FileNotFoundError:
         raise TraceError(f"{name}: no such file") from None
     except IsADirectoryError:
@@ -43,12 +59,19 @@ def read_trace(path: str | os.PathLike[str]) -> list[Point]:
         raise TraceError(f"{name}: malformed CSV ({exc})") from None
 
 
-def _parse(name: str, lines: Iterable[str]) -> list[Point]:
+def _parse(
+    name: str, lines: Iterable[str], on_unknown: Callable[[list[str]], None] | None
+) -> list[Point]:
     reader = csv.reader(lines)
     header = next(reader, None)
     if not header:
         raise TraceError(f"{name}:1: empty file, expected a header starting with time_s,used_bytes")
     cols = [h.strip() for h in header]
+    if cols:
+        cols[0] = cols[0].removeprefix("\ufeff")  # a BOM on a stream not opened as utf-8-sig
+    unknown = [c for c in cols if c not in COLUMNS]
+    if unknown and on_unknown is not None:
+        on_unknown(unknown)
     missing = [c for c in REQUIRED if c not in cols]
     if missing:
         raise TraceError(

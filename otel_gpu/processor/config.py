@@ -6,9 +6,11 @@ print one line and exit 2.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import math
 import re
+import socket
 from dataclasses import dataclass, field
 
 from otel_gpu.errors import UsageError
@@ -135,3 +137,26 @@ class ProcessorConfig:
             v = getattr(self, attr)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise UsageError(f"{name} must be an integer >= 1, got {v!r}")
+
+
+def bind_problem(host: str, port: int) -> str:
+    """Why binding ``host:port`` fails, with the fix: gRPC's own reason goes to its C-core log
+    (quiet unless GRPC_VERBOSITY is set), so the bind is tried again with a plain socket."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        return f"cannot resolve {host!r}: {exc.strerror or exc}"
+    family, kind, proto, _, address = infos[0]
+    try:
+        with socket.socket(family, kind, proto) as probe:
+            probe.bind(address)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return "address already in use: stop the other server or pick another port"
+        if exc.errno == errno.EADDRNOTAVAIL:
+            return (
+                "cannot assign requested address: it is not an address of this host; use "
+                "127.0.0.1, 0.0.0.0 or one of this host's addresses"
+            )
+        return (exc.strerror or str(exc)).lower()
+    return "gRPC refused the address"

@@ -178,6 +178,7 @@ class Forwarder:
     def _send(self, method: str, payload: bytes) -> bool:
         give_up = time.monotonic() + self._retry_s
         attempt = 0
+        failing_since: float | None = None  # the first failure of this request
         while True:
             remaining = self._deadline - time.monotonic()
             if remaining <= 0:
@@ -200,12 +201,14 @@ class Forwarder:
                     delay = min(0.5 * 2**attempt, 10.0)
                 attempt += 1
                 now = time.monotonic()
+                if failing_since is None:
+                    failing_since = now
                 if now + delay > min(give_up, self._deadline):
                     log.warning(
                         "forward to %s failed (%s) for %.0f s: dropped one request",
                         self.downstream.target,
                         code,
-                        self._retry_s,
+                        now - failing_since,
                     )
                     return False
                 self.retries += 1

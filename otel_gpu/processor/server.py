@@ -29,7 +29,12 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from otel_gpu.detect.breaker import Breaker, BreakerConfig
 from otel_gpu.detect.engine import Engine
 from otel_gpu.errors import UsageError
-from otel_gpu.processor.config import ProcessorConfig, format_hostport, parse_hostport
+from otel_gpu.processor.config import (
+    ProcessorConfig,
+    bind_problem,
+    format_hostport,
+    parse_hostport,
+)
 from otel_gpu.processor.decode import strip_rejected
 from otel_gpu.processor.forward import Forwarder
 from otel_gpu.processor.health import HealthServer
@@ -161,7 +166,9 @@ class Processor:
         except RuntimeError:
             bound = 0
         if not bound:
-            raise UsageError(f"--listen {cfg.listen}: cannot listen there (port in use?)")
+            raise UsageError(
+                f"--listen {cfg.listen}: cannot listen there ({bind_problem(host, port)})"
+            )
         self.address = format_hostport(host, bound)
         if cfg.health:
             self._health = HealthServer(cfg.health, self.health, self.stats)

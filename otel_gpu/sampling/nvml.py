@@ -47,6 +47,9 @@ from otel_gpu.sampling.source import DeviceReading, HostInfo
 from otel_gpu.sampling.visible_devices import select_visible
 
 log = logging.getLogger("otel_gpu.nvml")
+# "No GPU" reasons already logged in this process: a command opens NVML twice (the resource
+# detector, then the agent), and one machine without a GPU is worth one line, not two.
+_REPORTED_NO_GPU: set[str] = set()
 
 
 class NvmlSource:
@@ -164,7 +167,8 @@ class NvmlSource:
             self._retry_delay = self._retry_initial
             self._no_gpu_reason = self._selection_note
             return True
-        if reason != self._no_gpu_reason:
+        if reason != self._no_gpu_reason and reason not in _REPORTED_NO_GPU:
+            _REPORTED_NO_GPU.add(reason)
             log.warning(
                 "no GPU data: %s; retrying with backoff up to %g s", reason, self._retry_max
             )

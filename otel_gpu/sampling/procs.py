@@ -436,7 +436,7 @@ class ProcessTree:
         if st.state == "Z":  # a zombie has released its memory and files: unknown, not 0
             return ProcessSample(
                 pid, static.vpid, st.ppid, static.executable_name, static.command, static.owner,
-                static.create_time, None, None, None, None, None, in_tree,
+                static.create_time, None, None, None, None, None, in_tree, st.starttime,
             )  # fmt: skip
         # Open files change slowly: counted once per discovery period and for processes new
         # to the sample.
@@ -462,6 +462,7 @@ class ProcessTree:
         return ProcessSample(
             pid, static.vpid, st.ppid, static.executable_name, static.command, static.owner,
             static.create_time, cpu, rss_pages * PAGE_SIZE, vsize, threads, fd_count, in_tree,
+            st.starttime,
         )  # fmt: skip
 
     def _read_static(self, pid: int, st: ProcStat) -> _Static | None:

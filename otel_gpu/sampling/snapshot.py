@@ -84,6 +84,7 @@ class ProcessSample(NamedTuple):
     thread_count: int | None = None
     fd_count: int | None = None
     in_tree: bool = True  # False: not in the watched tree, only seen on the job's GPUs
+    start_ticks: int | None = None  # /proc/PID/stat starttime (clock ticks after boot): exact
 
 
 @dataclass(frozen=True, slots=True)

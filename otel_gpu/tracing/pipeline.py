@@ -184,10 +184,19 @@ def shutdown(setup: Setup) -> None:
     if setup.tracer_provider is not None:
         steps.append(setup.tracer_provider.shutdown)
     if setup.meter_provider is not None:
-        steps.append(lambda: setup.meter_provider.shutdown(timeout_millis=timeout_ms))  # type: ignore[union-attr]
+        steps.append(lambda: _shutdown_meters(setup, timeout_ms))
     if setup.logger_provider is not None:
         steps.append(setup.logger_provider.shutdown)
     _bounded(steps, deadline)
+
+
+def _shutdown_meters(setup: Setup, timeout_ms: float) -> None:
+    """Shut the meter provider down once the agent (built on its own thread) has its meter: a
+    provider shut down under a building agent logs "A shutdown MeterProvider can not provide
+    a Meter" in every short job."""
+    if setup.agent is not None:
+        setup.agent.wait_started(setup.shutdown_timeout_s)
+    setup.meter_provider.shutdown(timeout_millis=timeout_ms)  # type: ignore[union-attr]
 
 
 _configured_pid = os.getpid()

@@ -1,0 +1,145 @@
+"""Export problems reported once per episode: the first failure, a count now and then, recovery.
+
+With no collector, the SDK's OTLP exporter logs two ~300-character lines per export (a retry
+warning and a final error), every export interval, for as long as the collector is down. The
+otel-gpu commands instead wrap the exporter: the SDK's own lines are kept as the detail of the
+current failure and not printed, and :class:`ExportEpisodes` decides what is said.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+
+log = logging.getLogger("otel_gpu.export")
+
+# The SDK's loggers whose export warnings the episode report replaces.
+SDK_EXPORTER_LOGGER = "opentelemetry.exporter.otlp.proto.grpc.exporter"
+REPORT_EVERY_S = 60.0  # while an export keeps failing, how often the count is reported
+_STATUS = re.compile(r"StatusCode\.([A-Z_]+)")
+
+
+class ExportEpisodes:
+    """Turns a sequence of export results into at most one log line each (pure; clock injected).
+
+    An episode starts at the first failure (reported with its cause), is summarized every
+    ``report_every_s`` while it lasts (how long, how many exports failed), and ends with a
+    recovery line at the next success.
+    """
+
+    def __init__(
+        self,
+        what: str,
+        report_every_s: float = REPORT_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.what = what
+        self.report_every_s = report_every_s
+        self._clock = clock
+        self._since: float | None = None  # start of the current failure episode
+        self._reported_at = 0.0
+        self._failures = 0
+
+    def result(self, ok: bool, cause: str = "") -> str | None:
+        """The line to log for one export's outcome, or None when nothing new is to be said."""
+        now = self._clock()
+        if ok:
+            if self._since is None:
+                return None
+            line = (
+                f"{self.what} recovered after {now - self._since:.0f} s "
+                f"({self._failures} failed exports)"
+            )
+            self._since, self._failures = None, 0
+            return line
+        self._failures += 1
+        if self._since is None:
+            self._since = self._reported_at = now
+            return (
+                f"{self.what} failed: {cause or 'unknown error'}; retrying every export "
+                f"(reported again every {self.report_every_s:.0f} s while it lasts, and on "
+                "recovery)"
+            )
+        if now - self._reported_at >= self.report_every_s:
+            self._reported_at = now
+            return (
+                f"{self.what} still failing after {now - self._since:.0f} s "
+                f"({self._failures} failed exports): {cause or 'unknown error'}"
+            )
+        return None
+
+
+def short_cause(message: str) -> str:
+    """``UNAVAILABLE (Connection refused)`` from the SDK's long export error lines."""
+    status = _STATUS.search(message)
+    last = message.rstrip(". ").rpartition(": ")[2].strip()
+    if status and last and status.group(1) not in last:
+        return f"{status.group(1)} ({last[:120]})"
+    if status:
+        return status.group(1)
+    return message[:160]
+
+
+class _CauseKeeper(logging.Filter):
+    """Keeps the SDK exporter's latest warning as the cause of the failure, and drops it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last = ""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        self.last = short_cause(record.getMessage())
+        return False
+
+
+_keeper: _CauseKeeper | None = None
+
+
+def _cause_keeper() -> _CauseKeeper:
+    """One filter per process on the SDK exporter's logger (installed on first use)."""
+    global _keeper
+    if _keeper is None:
+        _keeper = _CauseKeeper()
+        logging.getLogger(SDK_EXPORTER_LOGGER).addFilter(_keeper)
+    return _keeper
+
+
+class EpisodeReportingExporter(MetricExporter):
+    """Wraps a metric exporter: same exports, failures reported once per episode."""
+
+    def __init__(self, inner: MetricExporter, what: str, episodes: ExportEpisodes | None = None):
+        # The reader asks the exporter for these; they are the wrapped exporter's choices.
+        super().__init__(
+            preferred_temporality=inner._preferred_temporality,
+            preferred_aggregation=inner._preferred_aggregation,
+        )
+        self._inner = inner
+        self._episodes = episodes or ExportEpisodes(what)
+        self._causes = _cause_keeper()
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        self._causes.last = ""
+        try:
+            result = self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+            cause = self._causes.last
+        except Exception as exc:  # the reader would log a traceback per export
+            result, cause = MetricExportResult.FAILURE, f"{type(exc).__name__}: {exc}"
+        line = self._episodes.result(result is MetricExportResult.SUCCESS, cause)
+        if line:
+            log.warning("%s", line)
+        return result
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self._inner.force_flush(timeout_millis=timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
