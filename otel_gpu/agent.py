@@ -34,7 +34,7 @@ def make_source(settings: Settings, visible_devices: str | None = None) -> Devic
     if settings.simulate:
         from otel_gpu.sampling.sim import SimulatedSource
 
-        return SimulatedSource(settings.simulate)
+        return SimulatedSource(settings.simulate, time_scale=settings.simulate_speed)
     from otel_gpu.sampling.nvml import NvmlSource
 
     return NvmlSource(

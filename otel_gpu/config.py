@@ -14,12 +14,14 @@ from urllib.parse import urlsplit
 from otel_gpu.errors import UsageError
 
 SIM_SCENARIOS = ("steady", "leak", "stall")
-EXPORTERS = ("otlp", "console", "none")
+# Metric exporters; any of the first three combine (``otlp,prometheus``), ``none`` stands alone.
+EXPORTERS = ("otlp", "console", "prometheus", "none")
 
 # Environment variable for each setting (documented in README "Settings").
 ENV = {
     "interval_s": "OTEL_GPU_INTERVAL",
     "simulate": "OTEL_GPU_SIMULATE",
+    "simulate_speed": "OTEL_GPU_SIMULATE_SPEED",
     "exporter": "OTEL_METRICS_EXPORTER",
     "endpoint": "OTEL_EXPORTER_OTLP_ENDPOINT",
     "export_interval_s": "OTEL_METRIC_EXPORT_INTERVAL",  # milliseconds, as the OTel spec says
@@ -40,7 +42,9 @@ class Settings:
 
     interval_s: float = 5.0  # sampler period; 0.1 s at the least
     simulate: str | None = None  # a simulated-GPU scenario instead of NVML
-    exporter: str = "otlp"  # otlp | console | none
+    # Simulated seconds per wall second: a demo stack shows hours of a leak within minutes.
+    simulate_speed: float = 1.0
+    exporter: str = "otlp"  # comma list of otlp, console, prometheus; or none
     endpoint: str | None = None  # OTLP gRPC endpoint; None: the SDK's default (localhost:4317)
     export_interval_s: float = 10.0  # metric export period
     export_timeout_s: float = 3.0  # per export, retries included
@@ -69,6 +73,11 @@ class Settings:
         settings.validate()
         return settings
 
+    @property
+    def exporters(self) -> tuple[str, ...]:
+        """The metric exporters asked for, e.g. ``("otlp", "prometheus")``; ``()`` for none."""
+        return tuple(n for n in _exporter_names(self.exporter, "exporter") if n != "none")
+
     def validate(self) -> None:
         if not self.interval_s >= 0.1:
             raise UsageError(f"interval {self.interval_s} s is too short: use 0.1 s or more")
@@ -78,9 +87,10 @@ class Settings:
             raise UsageError(
                 f"unknown simulation scenario {self.simulate!r}: use one of {', '.join(SIM_SCENARIOS)}"
             )
-        if self.exporter not in EXPORTERS:
+        _exporter_names(self.exporter, "exporter")
+        if not 1.0 <= self.simulate_speed <= 10_000.0:
             raise UsageError(
-                f"unknown exporter {self.exporter!r}: use one of {', '.join(EXPORTERS)}"
+                f"{ENV['simulate_speed']}={self.simulate_speed}: use a speed from 1 to 10000"
             )
         if self.endpoint is not None:
             check_endpoint(self.endpoint)
@@ -107,7 +117,13 @@ def _parse(name: str, raw: object, source: str) -> object:
         return raw
     text = raw.strip()
     try:
-        if name in ("interval_s", "export_timeout_s", "nvml_timeout_s", "shutdown_timeout_s"):
+        if name in (
+            "interval_s",
+            "simulate_speed",
+            "export_timeout_s",
+            "nvml_timeout_s",
+            "shutdown_timeout_s",
+        ):
             return float(text)
         if name == "export_interval_s":
             # OTEL_METRIC_EXPORT_INTERVAL is milliseconds; explicit arguments are seconds.
@@ -123,9 +139,28 @@ def _parse(name: str, raw: object, source: str) -> object:
         if low in _FALSE:
             return False
         raise UsageError(f"{source}={text!r}: use true or false")
-    if name in ("simulate", "exporter"):
+    if name == "exporter":
+        return ",".join(_exporter_names(text, "--exporter" if source == "argument" else source))
+    if name == "simulate":
         return text.lower()
     return text
+
+
+def _exporter_names(text: str, source: str) -> tuple[str, ...]:
+    """``otlp,prometheus`` -> ``("otlp", "prometheus")``; duplicates dropped, order kept."""
+    names = tuple(dict.fromkeys(n.strip().lower() for n in text.split(",") if n.strip()))
+    for n in names:
+        if n not in EXPORTERS:
+            raise UsageError(
+                f"{source}={text!r}: unknown exporter {n!r}; use one or more of "
+                "otlp, console, prometheus (comma-separated), or none"
+            )
+    if not names or ("none" in names and len(names) > 1):
+        raise UsageError(
+            f"{source}={text!r}: use one or more of otlp, console, prometheus "
+            "(comma-separated), or none alone"
+        )
+    return names
 
 
 def check_endpoint(endpoint: str) -> str:
