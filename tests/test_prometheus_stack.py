@@ -1,14 +1,17 @@
-"""One node scraped by a real Prometheus 2.42: `otel-gpu run --simulate leak --exporter
-otlp,prometheus` serves /metrics, Prometheus scrapes it, the repository's alert rules fire on the
-agent's detector outputs, and every query of every Grafana dashboard runs against that data.
+"""Nodes scraped by a real Prometheus 2.42: `otel-gpu run --simulate leak --exporter
+otlp,prometheus` serves /metrics for a job that trains (its own training.step / training.phase
+endpoint), a second node runs `--simulate stall`; the repository's alert rules fire on the
+agents' detector outputs, and every query of every Grafana dashboard runs against that data.
 
-The simulated GPU runs 240x faster than the wall clock (OTEL_GPU_SIMULATE_SPEED), so the
+The simulated GPUs run 240x faster than the wall clock (OTEL_GPU_SIMULATE_SPEED), so the
 engine sees the two hours of evidence a leak alert needs within about a minute.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,6 +23,27 @@ from otlp_sink import OtlpSink
 from prometheus_peer import ROOT, Prometheus, free_port
 
 RULES = ROOT / "deploy" / "prometheus" / "otel-gpu-rules.yml"
+DASHBOARDS = sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json"))
+# The watched job: a hand-written training loop exporting training.step / training.phase on
+# its own /metrics (port in TRAINER_METRICS_PORT), with an evaluation every 40 steps.
+TRAINER = """
+import os, time
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.resources import Resource
+import otel_gpu
+from otel_gpu.export import ScrapeEndpoint
+from otel_gpu.tracing import progress
+
+endpoint = ScrapeEndpoint("127.0.0.1", int(os.environ["TRAINER_METRICS_PORT"]))
+progress.register(MeterProvider([endpoint], resource=Resource.create({"service.name": "leaky-train"})))
+with otel_gpu.phase("train"):
+    for n in range(1, 100_000):
+        otel_gpu.step(n, loss=1.0 / n)
+        time.sleep(0.1)
+        if n % 40 == 0:
+            with otel_gpu.phase("evaluate"):
+                time.sleep(0.5)
+"""
 LEAK_WAIT_S = 150  # the leak alert comes after ~35 s on an idle 2-core machine
 
 
@@ -28,47 +52,66 @@ class Node:
         self.prom, self.sink, self.port = prom, sink, port
 
 
+def _agent(env: dict[str, str], port: int, scenario: str, job: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "otel_gpu.cli", "run",
+            "--simulate", scenario, "--interval", "0.25", "--export-interval", "1",
+            *job,
+        ],
+        env={**env, "OTEL_EXPORTER_PROMETHEUS_PORT": str(port)},
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     tmp = tmp_path_factory.mktemp("prometheus-node")
-    port = free_port()
+    leak_port, trainer_port, stall_port = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "FAKE_NVML"))}
     env.update(
         OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
-        OTEL_EXPORTER_PROMETHEUS_PORT=str(port),
         OTEL_GPU_SIMULATE_SPEED="240",
-        OTEL_GPU_LOCK_DIR=str(tmp),
         OTEL_SERVICE_NAME="leaky-train",
+        TRAINER_METRICS_PORT=str(trainer_port),
     )
+    targets = ", ".join(f'"127.0.0.1:{p}"' for p in (leak_port, trainer_port, stall_port))
     config = f"""
 global: {{scrape_interval: 1s, evaluation_interval: 1s}}
 rule_files: ["{RULES}"]
 scrape_configs:
   - job_name: otel-gpu
-    static_configs: [{{targets: ["127.0.0.1:{port}"]}}]
+    static_configs: [{{targets: [{targets}]}}]
 """
     with OtlpSink() as sink, Prometheus(tmp / "prometheus", config) as prom:
-        agent = subprocess.Popen(
-            [
-                sys.executable, "-m", "otel_gpu.cli", "run",
-                "--simulate", "leak", "--interval", "0.25",
-                "--exporter", "otlp,prometheus", "--endpoint", sink.endpoint,
-                "--export-interval", "1",
-                "--", sys.executable, "-c", "import time; time.sleep(600)",
-            ],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
+        # Two nodes: separate lock folders, as on two machines.
+        (tmp / "a").mkdir(), (tmp / "b").mkdir()
+        agents = [
+            _agent(
+                {**env, "OTEL_GPU_LOCK_DIR": str(tmp / "a")},
+                leak_port,
+                "leak",
+                ["--exporter", "otlp,prometheus", "--endpoint", sink.endpoint,
+                 "--", sys.executable, "-c", TRAINER],
+            ),
+            _agent(
+                {**env, "OTEL_GPU_LOCK_DIR": str(tmp / "b"), "OTEL_SERVICE_NAME": "stuck"},
+                stall_port,
+                "stall",
+                ["--exporter", "prometheus", "--", sys.executable, "-c", "import time; time.sleep(600)"],
+            ),
+        ]  # fmt: skip
         try:
-            yield Node(prom, sink, port)
+            yield Node(prom, sink, leak_port)
         finally:
-            agent.terminate()  # forwarded to the job; the agent then flushes and exits
-            try:
-                agent.wait(20)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-                agent.wait(5)
+            for agent in agents:
+                agent.terminate()  # forwarded to the job; the agent then flushes and exits
+            for agent in agents:
+                try:
+                    agent.wait(20)
+                except subprocess.TimeoutExpired:
+                    agent.kill()
+                    agent.wait(5)
 
 
 # The agent's instruments as the OpenTelemetry Prometheus exporter names them (unit suffixes,
@@ -96,7 +139,7 @@ def test_prometheus_scrapes_the_agents_metrics_endpoint(node: Node, name: str, l
 
 
 def test_the_endpoint_serves_the_resource_as_target_info(node: Node) -> None:
-    series = node.prom.wait_for('target_info{job="otel-gpu"}', timeout_s=30)
+    series = node.prom.wait_for(f'target_info{{instance="127.0.0.1:{node.port}"}}', timeout_s=30)
     assert series and series[0]["metric"]["service_name"] == "leaky-train"
 
 
@@ -119,7 +162,9 @@ def test_the_alert_rules_fire_on_the_agents_leak_in_prometheus(node: Node) -> No
     assert any(s.startswith("gpu:") for s in subjects), subjects
     opened = node.prom.wait_for('ALERTS{alertname="GpuBreakerOpen",alertstate="firing"}', 10)
     assert {a["metric"]["otel_gpu_subject"] for a in opened} >= subjects
-    # The simulated GPU is healthy and error-free: those rules stay quiet on the same data.
+    stalled = node.prom.wait_for('otel_gpu_alerts_total{otel_gpu_alert_kind="stall"}', 60)
+    assert stalled, "the stalled node's stall alert never reached Prometheus"
+    # The simulated GPUs are healthy and error-free: those rules stay quiet on the same data.
     quiet = node.prom.query('ALERTS{alertname=~"GpuNotHealthy|GpuUncorrectedErrors"}')
     assert quiet == []
     # The annotation carries the rate the engine measured (2 GiB/h simulated).
@@ -127,3 +172,72 @@ def test_the_alert_rules_fire_on_the_agents_leak_in_prometheus(node: Node) -> No
         a for a in node.prom.api("alerts")["alerts"] if a["labels"]["alertname"] == "GpuMemoryLeak"
     )
     assert "B/s" in alert["annotations"]["description"]
+
+
+# Panels that stay empty on this data, and why. Everything else must return series.
+EMPTY_HERE = {
+    ("otel-gpu-node", "Throttle reasons active"): "the simulated GPU never throttles",
+}
+GRAFANA_MACROS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "5m"}
+
+
+def _targets() -> list[tuple[str, str, str, list[dict]]]:
+    out = []
+    for path in DASHBOARDS:
+        board = json.loads(path.read_text())
+        variables = [v for v in board["templating"]["list"] if v["type"] == "query"]
+        for panel in board["panels"]:
+            for target in panel["targets"]:
+                out.append((board["uid"], panel["title"], target["expr"], variables))
+    return out
+
+
+def _fill(expr: str, values: dict[str, str]) -> str:
+    for macro, value in GRAFANA_MACROS.items():
+        expr = expr.replace(macro, value)
+    for name in sorted(values, key=len, reverse=True):
+        expr = expr.replace(f"${name}", values[name])
+    assert "$" not in expr, f"unfilled variable in {expr}"
+    return expr
+
+
+def _variable_values(prom: Prometheus, variables: list[dict]) -> dict[str, str]:
+    """Each variable's first real value, resolved in order as Grafana does (job, then node...)."""
+    chosen: dict[str, str] = {}
+    for var in variables:
+        query = var["query"]["query"]
+        found = re.fullmatch(r"label_values\((.*), *(\w+)\)", query)
+        assert found, f"{var['name']}: not a label_values() query: {query}"
+        selector, label = _fill(found.group(1), chosen), found.group(2)
+        series = prom.api("series", **{"match[]": selector, "start": str(time.time() - 600)})
+        values = sorted({s[label] for s in series if label in s})
+        assert values, f"variable {var['name']} has no values: {selector}"
+        # As Grafana interpolates a value into a regex matcher inside a PromQL string.
+        chosen[var["name"]] = re.sub(r"[$^*+?.()|\\{}\[\]]", lambda m: "\\\\" + m[0], values[0])
+    return chosen
+
+
+@pytest.mark.parametrize(
+    ("board", "title", "expr", "variables"),
+    _targets(),
+    ids=[f"{b}:{t}:{e[:30]}" for b, t, e, _v in _targets()],
+)
+def test_every_dashboard_query_runs_on_real_agent_data(
+    node: Node, board: str, title: str, expr: str, variables: list[dict]
+) -> None:
+    # Leak and stall episodes, training steps and phases must be in Prometheus first.
+    for ready in (
+        "otel_gpu_leak_rate_bytes_per_second",
+        'otel_gpu_alerts_total{otel_gpu_alert_kind="stall"}',
+        "training_step",
+        'training_phase{training_phase="evaluate"}',
+    ):
+        assert node.prom.wait_for(ready, LEAK_WAIT_S), f"{ready} never reached Prometheus"
+    # With every variable at one real value, the query must parse and evaluate.
+    node.prom.query(_fill(expr, _variable_values(node.prom, variables)))
+    # With every variable at "All" (the dashboards' default), it must show data.
+    series = node.prom.query(_fill(expr, {v["name"]: v["allValue"] for v in variables}))
+    if (board, title) in EMPTY_HERE:
+        assert series == [], f"{title} now has data: drop it from EMPTY_HERE"
+    else:
+        assert series, f"{board} / {title} is empty on real agent data: {expr}"
