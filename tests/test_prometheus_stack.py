@@ -48,8 +48,8 @@ LEAK_WAIT_S = 150  # the leak alert comes after ~35 s on an idle 2-core machine
 
 
 class Node:
-    def __init__(self, prom: Prometheus, sink: OtlpSink, port: int) -> None:
-        self.prom, self.sink, self.port = prom, sink, port
+    def __init__(self, prom: Prometheus, sink: OtlpSink, port: int, stall_port: int) -> None:
+        self.prom, self.sink, self.port, self.stall_port = prom, sink, port, stall_port
 
 
 def _agent(env: dict[str, str], port: int, scenario: str, job: list[str]) -> subprocess.Popen:
@@ -102,7 +102,7 @@ scrape_configs:
             ),
         ]  # fmt: skip
         try:
-            yield Node(prom, sink, leak_port)
+            yield Node(prom, sink, leak_port, stall_port)
         finally:
             for agent in agents:
                 agent.terminate()  # forwarded to the job; the agent then flushes and exits
@@ -162,8 +162,13 @@ def test_the_alert_rules_fire_on_the_agents_leak_in_prometheus(node: Node) -> No
     assert any(s.startswith("gpu:") for s in subjects), subjects
     opened = node.prom.wait_for('ALERTS{alertname="GpuBreakerOpen",alertstate="firing"}', 10)
     assert {a["metric"]["otel_gpu_subject"] for a in opened} >= subjects
-    stalled = node.prom.wait_for('otel_gpu_alerts_total{otel_gpu_alert_kind="stall"}', 60)
-    assert stalled, "the stalled node's stall alert never reached Prometheus"
+    stalled = node.prom.wait_for(
+        f'ALERTS{{alertname="GpuBreakerOpen",instance="127.0.0.1:{node.stall_port}"}}', 60
+    )
+    assert any(a["metric"]["otel_gpu_subject"].startswith("gpu:") for a in stalled), stalled
+    assert node.prom.query(
+        f'otel_gpu_alerts_total{{otel_gpu_alert_kind="stall",instance="127.0.0.1:{node.stall_port}"}}'
+    ), "the stalled node's breaker opened on something else than a stall"
     # The simulated GPUs are healthy and error-free: those rules stay quiet on the same data.
     quiet = node.prom.query('ALERTS{alertname=~"GpuNotHealthy|GpuUncorrectedErrors"}')
     assert quiet == []
