@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -132,3 +133,36 @@ def test_a_bad_exporter_flag_is_one_line_exit_2() -> None:
         "otel-gpu: error: --exporter='otlp,statsd': unknown exporter 'statsd'; use one or more "
         "of otlp, console, prometheus (comma-separated), or none"
     )
+
+
+def test_watch_serves_the_attached_jobs_metrics(tmp_path) -> None:
+    port = free_port()
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "FAKE_NVML"))}
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "otel_gpu.cli", "watch", "--pid", str(job.pid),
+         "--simulate", "steady", "--interval", "0.2", "--exporter", "prometheus"],
+        env={**clean, "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
+             "OTEL_EXPORTER_PROMETHEUS_PORT": str(port), "OTEL_GPU_LOCK_DIR": str(tmp_path)},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        body = b""
+        while f'process_pid="{job.pid}"'.encode() not in body:
+            assert time.monotonic() < deadline, body[-2000:]
+            time.sleep(0.3)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    body = r.read()
+            except OSError:
+                continue
+        assert b"hw_gpu_memory_usage_bytes{" in body and b"process_memory_usage_bytes{" in body
+    finally:
+        job.kill()
+        job.wait(5)
+        try:
+            assert watcher.wait(20) == 0  # the watched PID is gone: watch ends by itself
+        finally:
+            if watcher.poll() is None:
+                watcher.kill()
+                watcher.wait(5)

@@ -24,18 +24,13 @@ from prometheus_peer import ROOT, Prometheus, free_port
 
 RULES = ROOT / "deploy" / "prometheus" / "otel-gpu-rules.yml"
 DASHBOARDS = sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json"))
-# The watched job: a hand-written training loop exporting training.step / training.phase on
-# its own /metrics (port in TRAINER_METRICS_PORT), with an evaluation every 40 steps.
+# The watched job: a hand-written training loop run under `opentelemetry-instrument` with
+# OTEL_METRICS_EXPORTER=prometheus (its own /metrics for training.step / training.phase) and
+# its spans over OTLP; an evaluation every 40 steps.
 TRAINER = """
-import os, time
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.resources import Resource
+import time
 import otel_gpu
-from otel_gpu.export import ScrapeEndpoint
-from otel_gpu.tracing import progress
 
-endpoint = ScrapeEndpoint("127.0.0.1", int(os.environ["TRAINER_METRICS_PORT"]))
-progress.register(MeterProvider([endpoint], resource=Resource.create({"service.name": "leaky-train"})))
 with otel_gpu.phase("train"):
     for n in range(1, 100_000):
         otel_gpu.step(n, loss=1.0 / n)
@@ -73,7 +68,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
         OTEL_GPU_SIMULATE_SPEED="240",
         OTEL_SERVICE_NAME="leaky-train",
-        TRAINER_METRICS_PORT=str(trainer_port),
+        PYTHONPATH=str(ROOT),  # this checkout's otel_gpu in the instrumented job too
     )
     targets = ", ".join(f'"127.0.0.1:{p}"' for p in (leak_port, trainer_port, stall_port))
     config = f"""
@@ -91,8 +86,11 @@ scrape_configs:
                 {**env, "OTEL_GPU_LOCK_DIR": str(tmp / "a")},
                 leak_port,
                 "leak",
-                ["--exporter", "otlp,prometheus", "--endpoint", sink.endpoint,
-                 "--", sys.executable, "-c", TRAINER],
+                ["--exporter", "otlp,prometheus", "--endpoint", sink.endpoint, "--",
+                 "env", f"OTEL_EXPORTER_PROMETHEUS_PORT={trainer_port}",
+                 "OTEL_METRICS_EXPORTER=prometheus", "OTEL_LOGS_EXPORTER=none",
+                 f"OTEL_EXPORTER_OTLP_ENDPOINT={sink.endpoint}",
+                 "opentelemetry-instrument", sys.executable, "-c", TRAINER],
             ),
             _agent(
                 {**env, "OTEL_GPU_LOCK_DIR": str(tmp / "b"), "OTEL_SERVICE_NAME": "stuck"},
@@ -150,6 +148,19 @@ def test_otlp_and_prometheus_exporters_run_together(node: Node) -> None:
         time.sleep(0.5)
     with urllib.request.urlopen(f"http://127.0.0.1:{node.port}/metrics", timeout=5) as reply:
         assert b"hw_gpu_memory_usage_bytes{" in reply.read()
+
+
+def test_an_instrumented_trainer_serves_training_metrics_and_sends_its_spans(node: Node) -> None:
+    steps = node.prom.wait_for('training_step{job="otel-gpu"}', timeout_s=60)
+    assert steps and float(steps[0]["value"][1]) >= 1, steps
+    phases = node.prom.wait_for('training_phase{training_phase="train"} == 1', timeout_s=30)
+    assert phases, "training.phase never reached Prometheus"
+    deadline = time.monotonic() + 30
+    # `step` and `evaluate` spans end while the job runs (its `train` root ends with the job).
+    while not {"step", "evaluate"} <= {s.name for s in node.sink.spans()}:
+        assert time.monotonic() < deadline, {s.name for s in node.sink.spans()}
+        time.sleep(0.5)
+    assert {s.resource["service.name"] for s in node.sink.spans()} == {"leaky-train"}
 
 
 def test_the_alert_rules_fire_on_the_agents_leak_in_prometheus(node: Node) -> None:
