@@ -3,8 +3,8 @@
     replayed leak (OTLP) + an SDK span --> rotel.sh [rotel :A --> otel-gpu processor]
         --> rotel-backend.sh [rotel :B] --> an OTLP receiver standing in for the backend
 
-The backend gets the agent's data, the processor's alert log records and detector metrics;
-SIGTERM to rotel.sh stops rotel, then the processor (which flushes), and leaves no process.
+The backend gets the agent's data, the processor's alert log records and detector metrics
+(whose Prometheus names are the ones the alert rules select); SIGTERM to rotel.sh stops rotel, then the processor (which flushes), and leaves no process.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.exporter.prometheus._mapping import map_unit, sanitize_full_name
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -137,6 +138,43 @@ def test_a_replayed_leak_reaches_the_backend_with_the_processors_alert(chain: Ch
         ),
         timeout=30,
     ), "the span never reached the backend"  # fmt: skip
+    _check_rule_names(down)
+
+
+def _prometheus_names(metric) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    """(OpenTelemetry Python exporter name, Collector prometheus exporter name) of an OTLP
+    metric, by the translation both implement (unit suffix, `_total`, `_ratio` on the
+    Collector's unit-"1" gauges)."""
+    kind = metric.WhichOneof("data")
+    unit = map_unit(metric.unit)
+    name = sanitize_full_name(metric.name) + (f"_{unit}" if unit else "")
+    if kind == "sum" and metric.sum.is_monotonic:
+        name += "_total"
+    ratio = kind == "gauge" and metric.unit == "1"
+    return name, name + "_ratio" if ratio else name
+
+
+def _check_rule_names(down: Receiver) -> None:
+    """The processor's detector metrics translate to the names the alert rules select, both
+    when scraped from an OpenTelemetry exporter and behind the Collector."""
+    outputs = {
+        m.name: m
+        for r in down.decoded(METRICS_EXPORT)
+        for rm in r.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name.startswith("otel_gpu.")
+    }
+    rules = (ROOT / "deploy" / "prometheus" / "otel-gpu-rules.yml").read_text()
+    for name in (
+        "otel_gpu.leak.rate",
+        "otel_gpu.memory.time_to_exhaustion",
+        "otel_gpu.breaker.state",
+    ):
+        direct, collector = _prometheus_names(outputs[name])
+        matcher = direct if direct == collector else f"{direct}(_ratio)?"
+        assert matcher in rules, f"the rules do not select {name} as {direct} / {collector}"
+    assert _prometheus_names(outputs["otel_gpu.alerts"])[0] == "otel_gpu_alerts_total"
 
 
 def test_sigterm_stops_rotel_then_the_processor_and_leaves_nothing(chain: Chain) -> None:
