@@ -35,7 +35,7 @@ def make_source(settings: Settings, visible_devices: str | None = None) -> Devic
     if settings.simulate:
         from otel_gpu.sampling.sim import SimulatedSource
 
-        return SimulatedSource(settings.simulate)
+        return SimulatedSource(settings.simulate, time_scale=settings.simulate_speed)
     from otel_gpu.sampling.nvml import NvmlSource
 
     return NvmlSource(
@@ -73,6 +73,7 @@ class Agent:
                 SamplerSpec(
                     interval_s=settings.interval_s,
                     simulate=settings.simulate,
+                    simulate_speed=settings.simulate_speed,
                     nvml_timeout_s=settings.nvml_timeout_s,
                     nvml_library=settings.nvml_library,
                     visible_devices=visible_devices,

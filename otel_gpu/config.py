@@ -15,12 +15,14 @@ from otel_gpu.errors import UsageError
 from otel_gpu.redact import COMMAND_MODES, COMMAND_REDACTED
 
 SIM_SCENARIOS = ("steady", "leak", "stall")
-EXPORTERS = ("otlp", "console", "none")
+# Metric exporters; any of the first three combine (``otlp,prometheus``), ``none`` stands alone.
+EXPORTERS = ("otlp", "console", "prometheus", "none")
 
 # Environment variable for each setting (documented in README "Settings").
 ENV = {
     "interval_s": "OTEL_GPU_INTERVAL",
     "simulate": "OTEL_GPU_SIMULATE",
+    "simulate_speed": "OTEL_GPU_SIMULATE_SPEED",
     "exporter": "OTEL_METRICS_EXPORTER",
     "endpoint": "OTEL_EXPORTER_OTLP_ENDPOINT",
     "export_interval_s": "OTEL_METRIC_EXPORT_INTERVAL",  # milliseconds, as the OTel spec says
@@ -56,7 +58,9 @@ class Settings:
 
     interval_s: float = 5.0  # sampler period; 0.1 s at the least
     simulate: str | None = None  # a simulated-GPU scenario instead of NVML
-    exporter: str = "otlp"  # otlp | console | none
+    # Simulated seconds per wall second: a demo stack shows hours of a leak within minutes.
+    simulate_speed: float = 1.0
+    exporter: str = "otlp"  # comma list of otlp, console, prometheus; or none
     endpoint: str | None = None  # OTLP gRPC endpoint; None: the SDK's default (localhost:4317)
     export_interval_s: float = 10.0  # metric export period
     export_timeout_s: float = 3.0  # per export, retries included
@@ -94,9 +98,14 @@ class Settings:
                 values[f.name] = _parse(f.name, raw, ENV[f.name])
         settings = replace(cls(), **values)  # type: ignore[arg-type]
         settings.validate(origin)
-        if settings.exporter == "otlp":
+        if "otlp" in settings.exporters:
             check_otlp_environment(env)
         return settings
+
+    @property
+    def exporters(self) -> tuple[str, ...]:
+        """The metric exporters asked for, e.g. ``("otlp", "prometheus")``; ``()`` for none."""
+        return tuple(n for n in _exporter_names(self.exporter, "exporter") if n != "none")
 
     def validate(self, origin: Mapping[str, str] | None = None) -> None:
         """Raise UsageError for the first bad value; ``origin`` maps a field to the flag or
@@ -114,9 +123,10 @@ class Settings:
             raise UsageError(
                 f"unknown simulation scenario {self.simulate!r}: use one of {', '.join(SIM_SCENARIOS)}"
             )
-        if self.exporter not in EXPORTERS:
+        _exporter_names(self.exporter, "exporter")
+        if not 1.0 <= self.simulate_speed <= 10_000.0:
             raise UsageError(
-                f"unknown exporter {self.exporter!r}: use one of {', '.join(EXPORTERS)}"
+                f"{ENV['simulate_speed']}={self.simulate_speed}: use a speed from 1 to 10000"
             )
         if self.endpoint is not None:
             check_endpoint(self.endpoint, where("endpoint"))
@@ -178,6 +188,7 @@ def _parse(name: str, raw: object, source: str) -> object:
     try:
         if name in (
             "interval_s",
+            "simulate_speed",
             "export_timeout_s",
             "nvml_timeout_s",
             "shutdown_timeout_s",
@@ -201,9 +212,28 @@ def _parse(name: str, raw: object, source: str) -> object:
     if name == "health":
         check_hostport(text, source if source.startswith("-") else f"{source}=")
         return text
-    if name in ("simulate", "exporter", "sampler", "process_command"):
+    if name == "exporter":
+        return ",".join(_exporter_names(text, source))
+    if name in ("simulate", "sampler", "process_command"):
         return text.lower()
     return text
+
+
+def _exporter_names(text: str, source: str) -> tuple[str, ...]:
+    """``otlp,prometheus`` -> ``("otlp", "prometheus")``; duplicates dropped, order kept."""
+    names = tuple(dict.fromkeys(n.strip().lower() for n in text.split(",") if n.strip()))
+    for n in names:
+        if n not in EXPORTERS:
+            raise UsageError(
+                f"{source}={text!r}: unknown exporter {n!r}; use one or more of "
+                "otlp, console, prometheus (comma-separated), or none"
+            )
+    if not names or ("none" in names and len(names) > 1):
+        raise UsageError(
+            f"{source}={text!r}: use one or more of otlp, console, prometheus "
+            "(comma-separated), or none alone"
+        )
+    return names
 
 
 def check_endpoint(endpoint: str, where: str | None = None) -> str:

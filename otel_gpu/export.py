@@ -1,4 +1,5 @@
-"""Metric export: OTLP gRPC (configured by the standard ``OTEL_*`` variables), console, or none.
+"""Metric export: OTLP gRPC (configured by the standard ``OTEL_*`` variables), console, a
+Prometheus scrape endpoint, any of them together, or none.
 
 Shutdown is bounded: the SDK's OTLP exporter retries for up to its timeout per export, and a
 shutdown with the collector down took tens of seconds with defaults (FIELD-NOTES §2), so every
@@ -11,8 +12,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     ConsoleMetricExporter,
@@ -29,43 +31,109 @@ from otel_gpu.selfmetrics import CountingExporter, ExportHealth
 log = logging.getLogger("otel_gpu.export")
 
 
+# The standard variables of the OpenTelemetry Prometheus exporter, with its defaults.
+PROMETHEUS_HOST_ENV = "OTEL_EXPORTER_PROMETHEUS_HOST"
+PROMETHEUS_PORT_ENV = "OTEL_EXPORTER_PROMETHEUS_PORT"
+PROMETHEUS_DEFAULT_HOST = "localhost"
+PROMETHEUS_DEFAULT_PORT = 9464
+
+
 def metric_readers(
-    settings: Settings, export_health: ExportHealth | None = None
+    settings: Settings,
+    env: Mapping[str, str] | None = None,
+    export_health: ExportHealth | None = None,
 ) -> list[MetricReader]:
-    """Readers for ``settings.exporter``; none for ``none``. With ``export_health``, every
-    export's outcome is counted there (self-metrics, ``/healthz``)."""
+    """One reader per name in ``settings.exporter``; none for ``none``. With ``export_health``,
+    every push export's outcome is counted there (self-metrics, ``/healthz``)."""
     interval_ms = settings.export_interval_s * 1000.0
 
     def counted(exporter: MetricExporter) -> MetricExporter:
         return exporter if export_health is None else CountingExporter(exporter, export_health)
 
-    if settings.exporter == "console":
-        return [PeriodicExportingMetricReader(counted(ConsoleMetricExporter()), interval_ms)]
-    if settings.exporter == "otlp":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-
-        from otel_gpu.export_log import EpisodeReportingExporter
-
-        kwargs: dict[str, object] = {"timeout": settings.export_timeout_s}
-        if settings.endpoint:
-            kwargs["endpoint"] = settings.endpoint
-        try:
-            exporter = OTLPMetricExporter(**kwargs)  # type: ignore[arg-type]
-        except Exception as exc:  # e.g. OTEL_EXPORTER_OTLP_COMPRESSION=zstd, a bad header
-            raise UsageError(
-                f"cannot configure the OTLP exporter from the OTEL_EXPORTER_OTLP_* settings: {exc}"
-            ) from None
-        target = settings.endpoint or os.environ.get(
-            "OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4317"
-        )
-        return [
-            PeriodicExportingMetricReader(
-                counted(EpisodeReportingExporter(exporter, f"metric export to {target}")),
-                interval_ms,
-                export_timeout_millis=settings.export_timeout_s * 1000.0,
+    readers: list[MetricReader] = []
+    for name in settings.exporters:
+        if name == "console":
+            readers.append(
+                PeriodicExportingMetricReader(counted(ConsoleMetricExporter()), interval_ms)
             )
-        ]
-    return []
+        elif name == "otlp":
+            readers.append(
+                PeriodicExportingMetricReader(
+                    counted(_otlp_exporter(settings)),
+                    interval_ms,
+                    export_timeout_millis=settings.export_timeout_s * 1000.0,
+                )
+            )
+        elif name == "prometheus":
+            readers.append(ScrapeEndpoint.from_env(os.environ if env is None else env))
+    return readers
+
+
+def _otlp_exporter(settings: Settings) -> MetricExporter:
+    """The SDK's OTLP gRPC exporter, its problems reported once per episode."""
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+    from otel_gpu.export_log import EpisodeReportingExporter
+
+    kwargs: dict[str, object] = {"timeout": settings.export_timeout_s}
+    if settings.endpoint:
+        kwargs["endpoint"] = settings.endpoint
+    try:
+        exporter = OTLPMetricExporter(**kwargs)  # type: ignore[arg-type]
+    except Exception as exc:  # e.g. OTEL_EXPORTER_OTLP_COMPRESSION=zstd, a bad header
+        raise UsageError(
+            f"cannot configure the OTLP exporter from the OTEL_EXPORTER_OTLP_* settings: {exc}"
+        ) from None
+    target = settings.endpoint or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4317"
+    )
+    return EpisodeReportingExporter(exporter, f"metric export to {target}")
+
+
+class ScrapeEndpoint(PrometheusMetricReader):
+    """``GET /metrics`` for Prometheus, served by the OpenTelemetry Prometheus exporter.
+
+    Each scrape collects on the HTTP server's own thread; the instruments' callbacks only read
+    the sampler's last snapshot, so a scrape never touches NVML or /proc. A private registry
+    keeps prometheus_client's default process and GC collectors (the agent's own process)
+    out of the job's series.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        registry = CollectorRegistry(auto_describe=True)
+        super().__init__(registry=registry)
+        try:
+            self._server, _thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:  # port taken, address not on this host, unknown host name
+            raise UsageError(
+                f"cannot serve Prometheus metrics on {host}:{port} "
+                f"({PROMETHEUS_HOST_ENV} / {PROMETHEUS_PORT_ENV}): {exc.strerror or exc}; "
+                f"choose a free port with {PROMETHEUS_PORT_ENV}"
+            ) from None
+        self.address = (host, self._server.server_port)
+        log.info("serving Prometheus metrics at http://%s:%d/metrics", *self.address)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ScrapeEndpoint:
+        host = env.get(PROMETHEUS_HOST_ENV, "").strip() or PROMETHEUS_DEFAULT_HOST
+        raw = env.get(PROMETHEUS_PORT_ENV, "").strip() or str(PROMETHEUS_DEFAULT_PORT)
+        try:
+            port = int(raw)
+        except ValueError:
+            port = -1
+        if not 0 < port < 65536:
+            raise UsageError(
+                f"{PROMETHEUS_PORT_ENV}={raw!r} is not a TCP port: use 1-65535 "
+                f"(default {PROMETHEUS_DEFAULT_PORT})"
+            )
+        return cls(host, port)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
+        super().shutdown(timeout_millis, **kwargs)
+        self._server.shutdown()
+        self._server.server_close()
 
 
 def meter_provider(
@@ -74,7 +142,7 @@ def meter_provider(
     extra_readers: Sequence[MetricReader] = (),
     export_health: ExportHealth | None = None,
 ) -> MeterProvider:
-    readers = [*metric_readers(settings, export_health), *extra_readers]
+    readers = [*metric_readers(settings, export_health=export_health), *extra_readers]
     # Shut down once, by the command, within its bound (no second, unbounded call at exit).
     return MeterProvider(
         metric_readers=readers, resource=resource or Resource.create(), shutdown_on_exit=False

