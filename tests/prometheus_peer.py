@@ -24,7 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def binary(name: str, package: str) -> str:
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"{name} is not installed: apt-get install {package} (tests/install-peers.sh installs it)")
+        pytest.fail(
+            f"{name} is not installed: apt-get install {package} (tests/install-peers.sh installs it)"
+        )
     return path
 
 
