@@ -1,7 +1,8 @@
 """``otel-gpu analyze FILE.csv ...``: replay traces through the detection engine.
 
 Prints one JSON line per alert: ``{"file", "kind", "time_s", "rate_bytes_per_s", "eta_s",
-"message"}`` (null when unknown). The engine is exactly the one the agent and the processor run.
+"message"}`` (null when unknown), and for a recording (``--record``, rows with a ``subject``)
+``"subject"`` too. The engine is exactly the one the agent and the processor run.
 A bad file gets one line naming the file and line on stderr; the other files are still
 analyzed and the exit code is 2.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_gpu.detect.engine import DetectConfig, Engine
-from otel_gpu.detect.trace import TraceError, read_trace, replay, subject_for
+from otel_gpu.detect.trace import TraceError, read_rows, replay_rows, subject_for
 from otel_gpu.errors import UsageError
 
 
@@ -24,8 +25,9 @@ def add_parser(subparsers: Any) -> None:
         "analyze",
         help="replay CSV traces through the detection engine; one JSON line per alert",
         description="Replay CSV traces (header time_s,used_bytes,limit_bytes"
-        "[,util,procs,phase,power_w,power_limit_w]) through the leak, stall, threshold and "
-        "anomaly detectors and print one JSON line per alert.",
+        "[,util,procs,phase,power_w,power_limit_w]) or recordings (--record: the same with a "
+        "subject column) through the leak, stall, threshold and anomaly detectors and print "
+        "one JSON line per alert.",
     )
     p.add_argument("files", nargs="+", metavar="FILE.csv", help="trace files")
     p.add_argument(
@@ -83,13 +85,14 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     for name in args.files:
         try:
-            points = read_trace(name)
+            rows = read_rows(name)
         except TraceError as exc:
             print(f"otel-gpu: error: {exc}", file=sys.stderr)
             failed = True
             continue
-        for alert in replay(engine, subject_for(name), points):
-            record = {
+        recording = any(row.subject for row in rows)
+        for alert in replay_rows(engine, subject_for(name), rows):
+            record: dict[str, Any] = {
                 "file": name,
                 "kind": alert.kind,
                 "time_s": alert.time,
@@ -97,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
                 "eta_s": alert.eta_s,
                 "message": alert.message,
             }
+            if recording:
+                record["subject"] = alert.subject
             out.write(json.dumps(record) + "\n")
         out.flush()
     return 2 if failed else 0

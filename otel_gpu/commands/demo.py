@@ -23,6 +23,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 
+from otel_gpu.commands.outputs import RunOutputs
 from otel_gpu.config import Settings
 from otel_gpu.errors import UsageError
 
@@ -122,6 +123,12 @@ def demo(args: argparse.Namespace) -> int:
     agent = Agent(settings, meter_provider=provider, roots=[child.pid], source=source)
     agent.sampler.add_listener(watchdog.on_snapshot)
     watchdog.register_instruments(provider.get_meter("otel_gpu"))
+    # The same live view and summary as `otel-gpu run`, on stderr.
+    outputs = RunOutputs(
+        argparse.Namespace(quiet=False, view=False, record=None, summary_json=None),
+        f"otel-gpu demo ({args.scenario}, simulated 120x)",
+    )
+    outputs.attach(agent.sampler, watchdog)
 
     print(
         f"otel-gpu demo: watching PID {child.pid} on a simulated GPU ({args.scenario}), "
@@ -129,6 +136,7 @@ def demo(args: argparse.Namespace) -> int:
         file=out,
     )
     agent.start()
+    outputs.start("a training-like job", child.pid, settings)
     started = time.monotonic()
     notified_at: float | None = None
     try:
@@ -136,9 +144,6 @@ def demo(args: argparse.Namespace) -> int:
             time.sleep(1.0)
             while events:
                 print(f"  >>> {events.pop(0)}", file=out)
-            snap = agent.sampler.latest
-            if snap is not None:
-                print(_status_line(snap, source), file=out)
             if _Receiver.received and notified_at is None:
                 notified_at = time.monotonic()
                 note = _Receiver.received[0]
@@ -155,6 +160,7 @@ def demo(args: argparse.Namespace) -> int:
         child.wait(5)
         data = reader.get_metrics_data()
         receiver.shutdown()
+        outputs.finish(None)
     points, names = _count(data)
     print(
         f"\nlast metric collection: {points} data points in {len(names)} instruments "
@@ -171,22 +177,6 @@ def demo(args: argparse.Namespace) -> int:
         return 0
     print("no alert was raised in this run", file=out)
     return 0 if args.scenario == "steady" else 1
-
-
-def _status_line(snap: Any, source: Any) -> str:
-    t = source.elapsed()
-    clock = f"{int(t // 3600):02d}:{int(t % 3600 // 60):02d}:{int(t % 60):02d}"
-    parts = [f"[sim {clock}] phase {source.phase(t):<8}"]
-    for g in snap.gpus:
-        parts.append(
-            f"GPU{g.index} mem {g.memory_used / GIB:5.1f}/{g.memory_total / GIB:.0f} GiB "
-            f"util {100 * (g.util_gpu or 0):3.0f}% power {g.power_w or 0:4.0f} W"
-        )
-    for p in snap.processes[:2]:
-        gpu = sum(gp.used_memory or 0 for gp in snap.gpu_processes if gp.pid == p.pid)
-        cpu = "" if p.cpu_utilization is None else f" cpu {100 * p.cpu_utilization:4.1f}%"
-        parts.append(f"pid {p.pid} {p.executable_name}: gpu {gpu / GIB:5.1f} GiB{cpu}")
-    return " | ".join(parts)
 
 
 def _count(data: Any) -> tuple[int, set[str]]:

@@ -15,6 +15,7 @@ from otel_gpu.commands.common import (
     settings_from_args,
     setup_logging,
 )
+from otel_gpu.commands.outputs import RunOutputs, add_output_options
 from otel_gpu.errors import UsageError
 
 _PID_MAX = 4194304  # the kernel's largest pid_max
@@ -30,6 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--pid", type=int, required=True, help="root PID of the job to watch")
     add_agent_options(parser)
+    add_output_options(parser)
     parser.set_defaults(func=watch)
 
 
@@ -53,6 +55,7 @@ def watch(args: argparse.Namespace) -> int:
     if settings.detect:
         check_settings()
 
+    outputs = RunOutputs(args, f"otel-gpu watch {name}")
     acquire_node_lock(settings.lock_dir)
     provider = meter_provider(settings, build_resource(args.service_name, [name], settings))
     agent = Agent(
@@ -60,7 +63,10 @@ def watch(args: argparse.Namespace) -> int:
         meter_provider=provider,
         roots=[args.pid],
         visible_devices=_visible_devices(root),
-    ).start()
+    )
+    outputs.attach(agent.sampler, agent.watchdog)
+    agent.start()
+    outputs.start(name, args.pid, settings)
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -74,6 +80,7 @@ def watch(args: argparse.Namespace) -> int:
             [("agent", agent.shutdown), ("metrics", lambda t: shutdown_provider(provider, t))],
             settings.shutdown_timeout_s,
         )
+        outputs.finish(None, [name])
     return 0
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 from otel_gpu.detect.config import DetectConfig
-from otel_gpu.detect.leak import LeakFinding, LeakState
+from otel_gpu.detect.leak import FloorTrend, LeakFinding, LeakState
 from otel_gpu.detect.model import (
     ANOMALY,
     HARDWARE,
@@ -101,6 +101,14 @@ class Engine:
             for found in state.anomaly.observe(point):
                 alerts.append(_rule_alert(subject, point, found))
         return alerts
+
+    def floor_trend(self, subject: str) -> FloorTrend | None:
+        """The leak detector's view of a subject's memory floor (None: no floor yet), for
+        displays and reports; alerts still come only from :meth:`observe`."""
+        state = self._subjects.get(subject)
+        if state is None or state.leak is None:
+            return None
+        return state.leak.trend()
 
     def forget(self, subject: str) -> None:
         """Drop all state of a subject that vanished (its process or GPU is gone)."""

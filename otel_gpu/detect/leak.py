@@ -57,6 +57,20 @@ class LeakFinding:
     confidence: float  # 0.5 at the significance threshold, approaching 1 as evidence grows
 
 
+@dataclass(frozen=True, slots=True)
+class FloorTrend:
+    """Where a memory series' floor is and how fast it moves, leak or not (for displays)."""
+
+    time: float  # data time of the latest floor value
+    floor: float  # bytes: the latest two-bucket lower envelope value of the finest level
+    rate: float | None  # By/s, Theil-Sen slope of the floor; None until enough buckets closed
+    window_s: float  # the span the rate was fitted over
+
+
+# A trend needs this many envelope values of one level (fewer say nothing about a slope).
+TREND_MIN_VALUES = 6
+
+
 def median(values: list[float]) -> float:
     s = sorted(values)
     n = len(s)
@@ -265,7 +279,16 @@ def judge(
 class LeakState:
     """Per-subject leak evidence. ``observe`` returns a finding when a leak starts."""
 
-    __slots__ = ("cfg", "levels", "active", "active_window", "last_procs", "limit", "last_floor")
+    __slots__ = (
+        "cfg",
+        "levels",
+        "active",
+        "active_window",
+        "last_procs",
+        "limit",
+        "last_floor",
+        "_trend",
+    )
 
     def __init__(self, cfg: DetectConfig) -> None:
         self.cfg = cfg
@@ -275,12 +298,38 @@ class LeakState:
         self.last_procs: int | None = None
         self.limit: float | None = None
         self.last_floor: float | None = None
+        self._trend: tuple[tuple[int, float], FloorTrend | None] | None = None
+
+    def trend(self) -> FloorTrend | None:
+        """The floor and its slope over the last 16 values of the coarsest level that has them.
+
+        Computed only when the finest level closed a bucket since the last call (once per
+        ``leak_bucket_s`` at most), so a display may ask after every sample."""
+        fine = self.levels[0]
+        if not fine.env_y:
+            return None
+        key = (len(fine.env_y), fine.env_t[-1])
+        if self._trend is not None and self._trend[0] == key:
+            return self._trend[1]
+        rate: float | None = None
+        window = 0.0
+        # The coarsest level with a full short window (the recent trend, not the warm-up
+        # long past), else whatever the finest level has once it holds a few values.
+        chosen = next((lv for lv in reversed(self.levels) if len(lv.env_y) >= WINDOWS[0]), fine)
+        if len(chosen.env_y) >= TREND_MIN_VALUES:
+            ts, ys = _envelope(chosen, WINDOWS[0])
+            rate = theil_sen([t - ts[0] for t in ts], ys)
+            window = ts[-1] - ts[0]
+        found = FloorTrend(fine.env_t[-1], fine.env_y[-1], rate, window)
+        self._trend = (key, found)
+        return found
 
     def reset(self) -> None:
         for level in self.levels:
             level.clear()
         self.active = False
         self.last_floor = None
+        self._trend = None
 
     def observe(self, p: Point) -> LeakFinding | None:
         used = p.used_bytes
