@@ -1,8 +1,9 @@
 """The live view on stderr, drawn by its own thread.
 
-Why rich: it is widely used and maintained, renders tables to a fixed width, redraws a region
-in place (``Live``), honours ``NO_COLOR`` and drops styling when the stream is not a terminal,
-so the agent carries no escape codes of its own.
+Why rich: it is widely used and maintained, renders tables to a fixed width with styles,
+honours ``NO_COLOR`` and drops styling when the stream is not a terminal. On a terminal the
+frame is pinned to the bottom rows (:mod:`otel_gpu.view.pinned`) so the job's own output keeps
+scrolling above it, intact.
 
 The sampler thread only builds a :class:`Frame` (a bounded copy of plain values) and swaps it
 in; drawing, and a terminal or pipe that is slow to take the output, cost the view's thread
@@ -18,16 +19,16 @@ import threading
 from typing import IO, Any
 
 from rich.console import Console
-from rich.live import Live
 
 from otel_gpu.detect.model import Alert
 from otel_gpu.sweeps import Sweep
 from otel_gpu.view.frame import Frame, build_frame
+from otel_gpu.view.pinned import PinnedRegion
 from otel_gpu.view.render import WIDTH, plain_line, table
 
 log = logging.getLogger("otel_gpu.view")
 
-LIVE = "live"  # a table redrawn in place
+LIVE = "live"  # a table redrawn in place, in the terminal's bottom rows
 PLAIN = "plain"  # one line per sweep
 OFF = "off"
 
@@ -75,7 +76,7 @@ class LiveView:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._live: Live | None = None
+        self._pinned: PinnedRegion | None = None
 
     # -- sampler thread -----------------------------------------------------------------------
 
@@ -102,14 +103,7 @@ class LiveView:
     def _run(self) -> None:
         try:
             if self.mode == LIVE:
-                self._live = Live(
-                    console=self.console,
-                    auto_refresh=False,
-                    redirect_stdout=False,
-                    redirect_stderr=False,
-                    transient=False,
-                )
-                self._live.start()
+                self._pinned = PinnedRegion(self.console)
             while not self._stop.is_set():
                 self._wake.wait()
                 self._wake.clear()
@@ -119,9 +113,9 @@ class LiveView:
         except Exception:  # a broken terminal must not take anything else down
             log.warning("the live view stopped", exc_info=True)
         finally:
-            if self._live is not None:
+            if self._pinned is not None:
                 try:
-                    self._live.stop()
+                    self._pinned.close()
                 except Exception:
                     log.debug("closing the live view failed", exc_info=True)
 
@@ -130,8 +124,8 @@ class LiveView:
         if frame is None or frame is self._drawn:
             return
         self._drawn = frame
-        if self._live is not None:
-            self._live.update(table(frame, self.title), refresh=True)
+        if self._pinned is not None:
+            self._pinned.draw(table(frame, self.title))
         else:
             line = plain_line(frame, self.title)
             self.console.print(line, markup=False, highlight=False, crop=False, soft_wrap=True)
