@@ -126,7 +126,8 @@ def _sanitized(p: Point) -> Point:
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:.1f} GB"
+    # GiB, as NVML, nvidia-smi and otel-gpu's own view count memory (rates stay in MB/h).
+    return f"{n / 2**30:.1f} GiB"
 
 
 def _duration(s: float) -> str:

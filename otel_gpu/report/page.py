@@ -17,7 +17,9 @@ h1 { font-size: 22px; } h2 { font-size: 18px; margin-top: 32px; border-bottom: 1
 table { border-collapse: collapse; margin: 8px 0 16px; }
 th, td { padding: 3px 10px; border-bottom: 1px solid #eee; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
-td.msg { text-align: left; max-width: 560px; }
+td { white-space: nowrap; }
+table.events td { text-align: left; }
+td.msg { white-space: normal; max-width: 560px; }
 .plot svg { width: 100%; height: auto; }
 .muted { color: #777; }
 """
