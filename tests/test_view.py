@@ -4,6 +4,7 @@ pyte, a terminal emulator), and as one line per interval when stderr is a pipe."
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import re
@@ -125,7 +126,9 @@ def test_terminal_view_is_a_table_redrawn_in_place_within_80_columns() -> None:
     assert re.search(r"^\s+\d+\s+python\S*\s+GPU0\s+[\d.]+ (GiB|MiB)\s", lines[proc_header + 1])
     assert any(line.startswith("breaker all closed") for line in lines)
     assert any(line.startswith("last alert: none") for line in lines)
-    assert max(len(line) for line in lines) <= 80
+    top = next(i for i, line in enumerate(lines) if line.startswith("otel-gpu run python  up"))
+    bottom = next(i for i, line in enumerate(lines) if line.startswith("last alert"))
+    assert max(len(line) for line in lines[top : bottom + 1]) <= 80
     # Drawn in place below the job's output: the header is on screen once though drawn many times.
     assert sum(1 for line in lines if re.match(r"GPU\s+model", line)) == 1
     assert data.count(b"\x1b7") >= 5  # drawn again and again, cursor saved around each
@@ -195,3 +198,23 @@ def test_quiet_and_view_together_is_a_usage_error() -> None:
     )  # fmt: skip
     assert res.returncode == 2 and "--quiet and --view" in res.stderr
     assert len(res.stderr.splitlines()) == 1
+
+
+def test_watch_shows_the_view_and_the_summary_for_an_attached_tree(tmp_path: Path) -> None:
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+    try:
+        res = subprocess.run(
+            [*CLI, "watch", "--pid", str(job.pid), "--simulate", "steady", "--exporter", "none",
+             "--interval", "0.3", "--summary-json", str(tmp_path / "s.json")],
+            capture_output=True, text=True, timeout=60, env=_env(),
+        )  # fmt: skip
+    finally:
+        job.kill()
+        job.wait()
+    assert res.returncode == 0, res.stderr
+    lines = res.stderr.splitlines()
+    assert lines[0].startswith(f"otel-gpu: watching python") and f"(PID {job.pid})" in lines[0]
+    status = [line for line in lines if line.startswith("otel-gpu watch python")]
+    assert status and f" {job.pid} GPU0 " in status[-1]
+    assert "otel-gpu summary" in res.stderr
+    assert json.loads((tmp_path / "s.json").read_text())["exit_code"] is None

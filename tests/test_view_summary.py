@@ -66,6 +66,29 @@ def test_frame_rows_biggest_processes_first_local_pids_and_breaker_states() -> N
     assert "breaker 1 open (GPU0 aaaaaaaa H100 80GB HBM3)" in line
 
 
+@pytest.mark.parametrize(
+    ("slope", "minutes", "expected"),
+    [
+        (400e6 / 3600, 60, 400e6 / 3600),  # a steady 400 MB/h: the slope, exactly
+        (0.0, 60, 0.0),  # flat
+        (400e6 / 3600, 4, None),  # too few closed buckets to say
+    ],
+)
+def test_floor_trend_is_the_slope_of_the_engines_floor(slope, minutes, expected) -> None:
+    engine = Engine()  # 60 s buckets
+    for i in range(minutes * 6):  # one point per 10 s; a per-batch spike on every 3rd
+        t = 10.0 * i
+        spike = 2 * GIB if i % 3 == 0 else 0
+        engine.observe("process:1@GPU-x", Point(t, used_bytes=20 * GIB + slope * t + spike))
+    trend = engine.floor_trend("process:1@GPU-x")
+    assert trend is not None and trend.floor >= 20 * GIB
+    if expected is None:
+        assert trend.rate is None
+    else:
+        assert trend.rate == pytest.approx(expected, abs=1.0)
+        assert trend.window_s > 600
+
+
 def _feed(summary: RunSummary, subject: str, samples: list[tuple[float, float | None, float]]):
     for t, util, used in samples:
         summary.observe(subject, Point(t, used_bytes=used, limit_bytes=100.0, util=util), "x")

@@ -56,6 +56,10 @@ class PinnedRegion:
         self.height = height
 
     def draw(self, renderable: RenderableType) -> None:
+        rows = max(self.console.size.height, _MIN_JOB_ROWS + 2)
+        if rows != self.rows:  # the terminal was resized: pin the view again at its new bottom
+            self._write(_SAVE + _RESET_REGION + _RESTORE)
+            self.rows, self.height = rows, 0
         with self.console.capture() as capture:
             self.console.print(renderable)
         lines = capture.get().rstrip("\n").split("\n")

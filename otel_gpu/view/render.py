@@ -7,8 +7,6 @@ it when ``NO_COLOR`` is set or the stream is not a terminal.
 
 from __future__ import annotations
 
-import time
-
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -76,7 +74,8 @@ def alert_line(frame: Frame) -> Text:
     a = frame.last_alert
     if a is None:
         return Text("last alert: none", style="dim")
-    when = time.strftime("%H:%M:%S", time.localtime(a.time))
+    # On the view's own clock (data time since the first sweep), like "up" in the header.
+    when = clock(max(0.0, frame.elapsed_s - (frame.time - a.time)))
     style = "bold red" if a.severity == "critical" else "yellow"
     return Text.assemble(
         "last alert ",
