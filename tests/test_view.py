@@ -213,7 +213,7 @@ def test_watch_shows_the_view_and_the_summary_for_an_attached_tree(tmp_path: Pat
         job.wait()
     assert res.returncode == 0, res.stderr
     lines = res.stderr.splitlines()
-    assert lines[0].startswith(f"otel-gpu: watching python") and f"(PID {job.pid})" in lines[0]
+    assert lines[0].startswith("otel-gpu: watching python") and f"(PID {job.pid})" in lines[0]
     status = [line for line in lines if line.startswith("otel-gpu watch python")]
     assert status and f" {job.pid} GPU0 " in status[-1]
     assert "otel-gpu summary" in res.stderr
