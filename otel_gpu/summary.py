@@ -56,7 +56,7 @@ class SeriesSummary:
             "floor_rate_bytes_per_s": self.floor_rate_bytes_per_s,
         }
         sampled = self.busy_s + self.idle_s
-        if self.subject.startswith("gpu:") and sampled > 0:
+        if not self.subject.startswith("process:") and sampled > 0:
             out["busy_fraction"] = self.busy_s / sampled
             out["idle_fraction"] = self.idle_s / sampled
             out["mean_utilization"] = self.util_seconds / sampled
@@ -74,8 +74,9 @@ class RunSummary:
     transitions: list[Transition] = field(default_factory=list)
 
     def observe(self, subject: str, point: Point, label: str | None = None) -> None:
-        """One point as the engine saw it (``rss:`` subjects are host memory: not summarised)."""
-        if not subject.startswith(("gpu:", "process:")):
+        """One point as the engine saw it (``rss:`` subjects are host memory: not summarised;
+        ``job:`` is the one series of a plain ``analyze`` trace, summarised like a GPU)."""
+        if not subject.startswith(("gpu:", "process:", "job:")):
             return
         s = self.series.get(subject)
         if s is None:
@@ -132,7 +133,7 @@ class RunSummary:
             "command": command,
             "duration_s": duration_s,
             "exit_code": exit_code,
-            "gpus": [s.to_dict() for s in series if s.subject.startswith("gpu:")],
+            "gpus": [s.to_dict() for s in series if not s.subject.startswith("process:")],
             "processes": [s.to_dict() for s in series if s.subject.startswith("process:")],
             "alerts": [
                 {

@@ -16,7 +16,7 @@ def test_demo_finds_the_leak_opens_the_breaker_and_notifies_within_a_minute() ->
     )
     assert res.returncode == 0, res.stderr
     out = res.stdout
-    assert "ALERT leak on gpu:" in out
+    assert "ALERT leak on GPU0 51a1a7ed Simulated H100 80GB: memory leak suspected" in out
     assert "closed -> open" in out
     assert "NOTIFICATION delivered to http://127.0.0.1:" in out
     assert '"to_state": "open"' in out  # the payload the webhook receiver got

@@ -26,6 +26,7 @@ from opentelemetry.sdk.resources import Resource
 from otel_gpu.commands.outputs import RunOutputs
 from otel_gpu.config import Settings
 from otel_gpu.errors import UsageError
+from otel_gpu.sweeps import labels
 
 GIB = 1024**3
 # A training-like loop: a little CPU work per "step", forever (the demo ends it).
@@ -114,11 +115,18 @@ def demo(args: argparse.Namespace) -> int:
         phase=lambda: source.phase(source.elapsed()),
     )
     events: list[str] = []
+
+    def name(subject: str) -> str:
+        """GPU0 51a1a7ed ... rather than the subject's full UUID (the sweep's snapshot is the
+        sampler's latest while detection runs on it)."""
+        snap = agent.sampler.latest
+        return labels(snap).get(subject, subject) if snap is not None else subject
+
     watchdog.alert_listeners.append(
-        lambda a: events.append(f"ALERT {a.kind} on {a.subject}: {a.message}")
+        lambda a: events.append(f"ALERT {a.kind} on {name(a.subject)}: {a.message}")
     )
     watchdog.transition_listeners.append(
-        lambda t: events.append(f"BREAKER {t.subject}: {t.from_state} -> {t.to_state}")
+        lambda t: events.append(f"BREAKER {name(t.subject)}: {t.from_state} -> {t.to_state}")
     )
     agent = Agent(settings, meter_provider=provider, roots=[child.pid], source=source)
     agent.sampler.add_listener(watchdog.on_snapshot)

@@ -18,7 +18,7 @@ table { border-collapse: collapse; margin: 8px 0 16px; }
 th, td { padding: 3px 10px; border-bottom: 1px solid #eee; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
 td { white-space: nowrap; }
-table.events td { text-align: left; }
+table.events td, table.events th { text-align: left; }
 td.msg { white-space: normal; max-width: 560px; }
 .plot svg { width: 100%; height: auto; }
 .muted { color: #777; }

@@ -95,9 +95,10 @@ def memory_figure(run: Run) -> Figure:
     the GPUs' memory when no process holds any."""
     fig = Figure(figsize=(10, 4.2), layout="constrained")
     ax = fig.add_subplot()
+    # Processes; else the GPUs; else whatever the file holds (a plain analyze trace).
     shown = [s for s in run.series.values() if s.subject.startswith("process:")]
-    if not shown:
-        shown = [s for s in run.series.values() if s.subject.startswith("gpu:")]
+    shown = shown or [s for s in run.series.values() if s.subject.startswith("gpu:")]
+    shown = shown or [s for s in run.series.values() if not s.subject.startswith("rss:")]
     for i, s in enumerate(sorted(shown, key=lambda s: s.subject)):
         colour = f"C{i % 10}"
         xs, ys = _values(s, s.used, units.GIB)
@@ -129,7 +130,7 @@ def activity_figure(run: Run) -> Figure:
     fig = Figure(figsize=(10, 3.6), layout="constrained")
     ax = fig.add_subplot()
     power_ax = ax.twinx()
-    gpus = sorted((s for s in run.series.values() if s.subject.startswith("gpu:")),
+    gpus = sorted((s for s in run.series.values() if s.subject.startswith(("gpu:", "job:"))),
                   key=lambda s: s.subject)  # fmt: skip
     for i, s in enumerate(gpus):
         xs, ys = _values(s, s.util, 0.01)
