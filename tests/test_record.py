@@ -26,7 +26,7 @@ from otel_gpu.watchdog import Watchdog
 FAST = {"leak_bucket_s": 15, "leak_min_window_s": 900, "leak_context_s": 1800}
 
 
-def record_simulated_leak(path: Path, seconds: float = 14.0) -> dict:
+def record_simulated_leak(path: Path, seconds: float = 30.0) -> dict:
     """A real agent (sampler thread, engine, breaker) on a simulated leaking GPU at 240x,
     recorded to ``path``; returns what the live run saw."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -110,7 +110,7 @@ def test_run_record_and_summary_json_agree_with_analyze(
     res = subprocess.run(
         [*CLI, "run", "--exporter", "none", "--interval", "0.2", "--record", str(record),
          "--summary-json", str(summary), "--", sys.executable, "-c",
-         "import time; time.sleep(3); raise SystemExit(3)"],
+         "import time; time.sleep(5); raise SystemExit(3)"],
         capture_output=True, text=True, timeout=60, env=fake_nvml.env(_env()),
     )  # fmt: skip
     assert res.returncode == 3, res.stderr
@@ -133,3 +133,29 @@ def test_unwritable_record_path_is_refused_before_the_job_starts(tmp_path: Path)
     assert res.stderr.strip().startswith("otel-gpu: error: --record ")
     assert "give a writable file path" in res.stderr and len(res.stderr.splitlines()) == 1
     assert not marker.exists()
+
+
+def test_a_stalled_disk_drops_whole_sweeps_and_never_blocks_the_sampler() -> None:
+    import os
+
+    from otel_gpu.sampling.snapshot import GpuSample, Snapshot
+    from otel_gpu.sweeps import Sweep
+
+    read_end, write_end = os.pipe()  # a "file" nobody drains
+    os.set_blocking(write_end, False)
+    try:
+        while True:
+            os.write(write_end, b"x" * 4096)
+    except BlockingIOError:
+        pass
+    os.set_blocking(write_end, True)
+    recorder = Recorder(os.fdopen(write_end, "w", newline=""))
+    snap = Snapshot(time=1.0, gpus=(GpuSample("GPU-1", 0),))
+    sweep = Sweep(snap, [("gpu:GPU-1", Point(1.0, used_bytes=1.0))], None, None)
+    began = time.monotonic()
+    for _ in range(1000):
+        recorder.on_sweep(sweep)
+    assert time.monotonic() - began < 5  # queued or dropped, never waited on
+    assert recorder.dropped_sweeps >= 1000 - 256 - 1
+    recorder.close(timeout_s=0.2)  # bounded although the writer is stuck
+    os.close(read_end)

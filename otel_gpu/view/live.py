@@ -42,9 +42,17 @@ def choose_mode(quiet: bool, force: bool, is_terminal: bool) -> str:
     return PLAIN
 
 
+class _Console(Console):
+    """rich's Console, minus its reaction to a closed pipe (pointing this process's stdout at
+    /dev/null and raising SystemExit): the view just goes silent."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+
+
 def make_console(stream: IO[str] | None = None, *, force_terminal: bool = False) -> Console:
     """A console on ``stream`` (default stderr) no wider than the view."""
-    console = Console(
+    console = _Console(
         file=stream if stream is not None else sys.stderr,
         force_terminal=True if force_terminal else None,
         highlight=False,
@@ -94,14 +102,16 @@ class LiveView:
     def start(self, first_line: str | None = None) -> LiveView:
         if self.mode == OFF:
             return self
-        if first_line:
-            self.console.print(first_line, markup=False, highlight=False, soft_wrap=True)
-        self._thread = threading.Thread(target=self._run, name="otel-gpu-view", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(first_line,), name="otel-gpu-view", daemon=True
+        )
         self._thread.start()
         return self
 
-    def _run(self) -> None:
+    def _run(self, first_line: str | None) -> None:
         try:
+            if first_line:  # written here too: a stalled terminal must not hold the caller
+                self.console.print(first_line, markup=False, highlight=False, soft_wrap=True)
             if self.mode == LIVE:
                 self._pinned = PinnedRegion(self.console)
             while not self._stop.is_set():
