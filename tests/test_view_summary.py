@@ -89,6 +89,12 @@ def test_floor_trend_is_the_slope_of_the_engines_floor(slope, minutes, expected)
         assert trend.window_s > 600
 
 
+def test_frame_without_detection_says_so() -> None:
+    frame = build_frame(Sweep(snapshot(1), [], None, None), started=1000.0)
+    assert not frame.detecting and frame.processes[0].trend is None
+    assert plain_line(frame, "t").endswith(" | detection off (--no-detect)")
+
+
 def _feed(summary: RunSummary, subject: str, samples: list[tuple[float, float | None, float]]):
     for t, util, used in samples:
         summary.observe(subject, Point(t, used_bytes=used, limit_bytes=100.0, util=util), "x")

@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 
 from otel_gpu.detect.config import DetectConfig
-from otel_gpu.detect.leak import FloorTrend, LeakFinding, LeakState
+from otel_gpu.detect.floor import FloorTrend
+from otel_gpu.detect.leak import LeakFinding, LeakState
 from otel_gpu.detect.model import (
     ANOMALY,
     HARDWARE,

@@ -33,6 +33,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from otel_gpu.detect.config import DetectConfig
+from otel_gpu.detect.floor import FloorTrend, floor_trend
 from otel_gpu.detect.model import PHASE_EVALUATE, PHASE_LOAD, PHASE_SAVE, Point
 
 LEVEL_FACTOR = 4
@@ -55,20 +56,6 @@ class LeakFinding:
     eta_s: float | None  # seconds until the limit at this rate
     urgent: bool  # found on a short window because the memory runs out soon
     confidence: float  # 0.5 at the significance threshold, approaching 1 as evidence grows
-
-
-@dataclass(frozen=True, slots=True)
-class FloorTrend:
-    """Where a memory series' floor is and how fast it moves, leak or not (for displays)."""
-
-    time: float  # data time of the latest floor value
-    floor: float  # bytes: the latest two-bucket lower envelope value of the finest level
-    rate: float | None  # By/s, Theil-Sen slope of the floor; None until enough buckets closed
-    window_s: float  # the span the rate was fitted over
-
-
-# A trend needs this many envelope values of one level (fewer say nothing about a slope).
-TREND_MIN_VALUES = 6
 
 
 def median(values: list[float]) -> float:
@@ -298,31 +285,19 @@ class LeakState:
         self.last_procs: int | None = None
         self.limit: float | None = None
         self.last_floor: float | None = None
-        self._trend: tuple[tuple[int, float], FloorTrend | None] | None = None
+        self._trend: tuple[tuple[int, float], FloorTrend] | None = None
 
     def trend(self) -> FloorTrend | None:
-        """The floor and its slope over the last 16 values of the coarsest level that has them.
-
-        Computed only when the finest level closed a bucket since the last call (once per
-        ``leak_bucket_s`` at most), so a display may ask after every sample."""
+        """The floor and its recent slope (see :mod:`otel_gpu.detect.floor`), recomputed only
+        when the finest level closed a bucket since the last call, so a display may ask after
+        every sample."""
         fine = self.levels[0]
         if not fine.env_y:
             return None
         key = (len(fine.env_y), fine.env_t[-1])
-        if self._trend is not None and self._trend[0] == key:
-            return self._trend[1]
-        rate: float | None = None
-        window = 0.0
-        # The coarsest level with a full short window (the recent trend, not the warm-up
-        # long past), else whatever the finest level has once it holds a few values.
-        chosen = next((lv for lv in reversed(self.levels) if len(lv.env_y) >= WINDOWS[0]), fine)
-        if len(chosen.env_y) >= TREND_MIN_VALUES:
-            ts, ys = _envelope(chosen, WINDOWS[0])
-            rate = theil_sen([t - ts[0] for t in ts], ys)
-            window = ts[-1] - ts[0]
-        found = FloorTrend(fine.env_t[-1], fine.env_y[-1], rate, window)
-        self._trend = (key, found)
-        return found
+        if self._trend is None or self._trend[0] != key:
+            self._trend = (key, floor_trend(self.levels))
+        return self._trend[1]
 
     def reset(self) -> None:
         for level in self.levels:

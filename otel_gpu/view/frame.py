@@ -56,6 +56,7 @@ class Frame:
     last_alert: Alert | None = None
     last_alert_label: str | None = None
     no_gpu_reason: str | None = None
+    detecting: bool = True  # False with --no-detect: no breaker, no floor trend
 
 
 def build_frame(sweep: Sweep, started: float, last_alert: Alert | None = None) -> Frame:
@@ -124,4 +125,5 @@ def build_frame(sweep: Sweep, started: float, last_alert: Alert | None = None) -
         last_alert=last_alert,
         last_alert_label=None if last_alert is None else names.get(last_alert.subject),
         no_gpu_reason=snap.no_gpu_reason,
+        detecting=sweep.breaker is not None,
     )

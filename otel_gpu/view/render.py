@@ -60,6 +60,8 @@ def header(frame: Frame, title: str) -> Text:
 
 
 def breaker_line(frame: Frame) -> Text:
+    if not frame.detecting:
+        return Text("detection off (--no-detect)", style="dim")
     if not frame.breakers:
         return Text.assemble("breaker ", ("all closed", "green"))
     parts = [f"{n} {state.replace('_', '-')}" for state, n in sorted(frame.breakers.items())]
