@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "otel_gpu.commands.watch",
     "otel_gpu.commands.doctor",
     "otel_gpu.commands.analyze",
+    "otel_gpu.commands.report",
     "otel_gpu.commands.processor",
 )
 

@@ -119,6 +119,9 @@ class Watchdog:
         self._start_ticks = start_ticks or read_start_ticks
         self.alert_listeners: list[Callable[[Alert], None]] = []
         self.transition_listeners: list[Callable[[Transition], None]] = []
+        # After each sweep's detection, on the sampler thread: the snapshot and the points the
+        # engine judged, by subject (what a recording must hold to replay the same alerts).
+        self.sweep_listeners: list[Callable[[Snapshot, list[tuple[str, Point]]], None]] = []
 
     @classmethod
     def from_env(cls, tree: Any = None, *, in_process: bool = False) -> Watchdog:
@@ -155,10 +158,12 @@ class Watchdog:
         self._update_trainers(snap)
         seen: set[str] = set()
         transitions: list[Transition] = []
+        judged: list[tuple[str, Point]] = []
         for subject, point, attrs in snapshot_points(
             snap, self._phase(), self._step(), self._host_memory
         ):
             seen.add(subject)
+            judged.append((subject, point))
             with self._lock:
                 self._attrs[subject] = attrs
             for alert in self.engine.observe(subject, point):
@@ -170,6 +175,8 @@ class Watchdog:
             self._on_transition(t)
         with self._lock:
             self._states = {s: self.breaker.state(s) for s in self._attrs}
+        for listener in self.sweep_listeners:
+            listener(snap, judged)
 
     def _update_trainers(self, snap: Snapshot) -> None:
         """Trainers = the watched processes that hold GPU memory; never a launcher above them

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -15,14 +16,19 @@ def test_demo_finds_the_leak_opens_the_breaker_and_notifies_within_a_minute() ->
     )
     assert res.returncode == 0, res.stderr
     out = res.stdout
-    assert "ALERT leak on gpu:" in out
+    assert "ALERT leak on GPU0 51a1a7ed Simulated H100 80GB: memory leak suspected" in out
     assert "closed -> open" in out
     assert "NOTIFICATION delivered to http://127.0.0.1:" in out
     assert '"to_state": "open"' in out  # the payload the webhook receiver got
     assert "hw.gpu.memory.usage" in out and "process.gpu.memory.usage" in out
-    # Live status lines came before the alert: memory, utilization, the watched process.
-    status = [line for line in out.splitlines() if line.startswith("[sim ")]
-    assert len(status) >= 5 and "GPU0 mem" in status[0] and "pid " in status[0]
+    # The live view (one line per interval on stderr, which is not a terminal here): memory,
+    # utilization, the watched process on the GPU, in simulated time.
+    status = [line for line in res.stderr.splitlines() if line.startswith("otel-gpu demo (")]
+    assert len(status) >= 5 and "GPU0 51a1a7ed" in status[-1] and " GiB util " in status[-1]
+    assert re.search(r" \| python\S* \d+ GPU0 [\d.]+ GiB floor [+-]\d+ MB/h ", status[-1])
+    # ... and the end-of-run summary, with the leak.
+    summary = res.stderr[res.stderr.index("otel-gpu summary") :]
+    assert re.search(r"alerts: [1-9]", summary) and "  leak GPU0 51a1a7ed" in summary
     assert "Traceback" not in res.stderr
 
 

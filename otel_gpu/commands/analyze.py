@@ -1,7 +1,8 @@
 """``otel-gpu analyze FILE.csv ...``: replay traces through the detection engine.
 
 Prints one JSON line per alert: ``{"file", "kind", "time_s", "rate_bytes_per_s", "eta_s",
-"message"}`` (null when unknown). The engine is exactly the one the agent and the processor run.
+"message"}`` (null when unknown), and for a recording (``--record``, rows with a ``subject``)
+``"subject"`` too. The engine is exactly the one the agent and the processor run.
 A bad file gets one line naming the file and line on stderr; the other files are still
 analyzed and the exit code is 2.
 """
@@ -16,8 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from otel_gpu.detect.engine import DetectConfig, Engine
-from otel_gpu.detect.model import Point
-from otel_gpu.detect.trace import COLUMNS, TraceError, read_trace, replay, subject_for
+from otel_gpu.detect.trace import COLUMNS, Row, TraceError, read_rows, replay_rows, subject_for
 from otel_gpu.errors import UsageError
 
 
@@ -26,8 +26,9 @@ def add_parser(subparsers: Any) -> None:
         "analyze",
         help="replay CSV traces through the detection engine; one JSON line per alert",
         description="Replay CSV traces (header time_s,used_bytes,limit_bytes"
-        "[,util,procs,phase,power_w,power_limit_w]) through the leak, stall, threshold and "
-        "anomaly detectors and print one JSON line per alert.",
+        "[,util,procs,phase,power_w,power_limit_w]) or recordings (--record: the same with a "
+        "subject column) through the leak, stall, threshold and anomaly detectors and print "
+        "one JSON line per alert.",
     )
     p.add_argument(
         "files", nargs="+", metavar="FILE.csv", help="trace files; - reads standard input"
@@ -100,15 +101,16 @@ def run(args: argparse.Namespace) -> int:
                 )
 
         try:
-            points = read_trace(name, stream=_stdin() if name == "-" else None, on_unknown=unknown)
+            rows = read_rows(name, stream=_stdin() if name == "-" else None, on_unknown=unknown)
         except TraceError as exc:
             print(f"otel-gpu: error: {exc}", file=sys.stderr)
             failed = True
             continue
-        alerts = replay(engine, subject_for(name), points)
-        print(f"otel-gpu: {_summary(name, points, len(alerts))}", file=sys.stderr)
+        recording = any(row.subject for row in rows)
+        alerts = replay_rows(engine, subject_for(name), rows)
+        print(f"otel-gpu: {_summary(name, rows, len(alerts))}", file=sys.stderr)
         for alert in alerts:
-            record = {
+            record: dict[str, Any] = {
                 "file": name,
                 "kind": alert.kind,
                 "time_s": alert.time,
@@ -116,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
                 "eta_s": alert.eta_s,
                 "message": alert.message,
             }
+            if recording:
+                record["subject"] = alert.subject
             out.write(json.dumps(record) + "\n")
         out.flush()
     return 2 if failed else 0
@@ -126,12 +130,12 @@ def _stdin() -> TextIO:
     return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", newline="")
 
 
-def _summary(name: str, points: list[Point], alerts: int) -> str:
+def _summary(name: str, rows: list[Row], alerts: int) -> str:
     """One line per file: samples, the time they span, and the alerts found."""
-    if not points:
+    if not rows:
         return f"{name}: no samples, 0 alerts"
-    first, last = points[0].time, points[-1].time
+    first, last = rows[0].point.time, rows[-1].point.time
     return (
-        f"{name}: {len(points)} samples, {first:g}..{last:g} s ({(last - first) / 3600:.2f} h), "
+        f"{name}: {len(rows)} samples, {first:g}..{last:g} s ({(last - first) / 3600:.2f} h), "
         f"{alerts} alert{'s' if alerts != 1 else ''}"
     )

@@ -24,8 +24,10 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 
+from otel_gpu.commands.outputs import RunOutputs
 from otel_gpu.config import Settings
 from otel_gpu.errors import UsageError
+from otel_gpu.sweeps import labels
 
 GIB = 1024**3
 # A training-like loop: a little CPU work per "step", forever (the demo ends it).
@@ -118,15 +120,28 @@ def demo(args: argparse.Namespace) -> int:
         phase=lambda: source.phase(source.elapsed()),
     )
     events: list[str] = []
+
+    def name(subject: str) -> str:
+        """GPU0 51a1a7ed ... rather than the subject's full UUID (the sweep's snapshot is the
+        sampler's latest while detection runs on it)."""
+        snap = agent.sampler.latest
+        return labels(snap).get(subject, subject) if snap is not None else subject
+
     watchdog.alert_listeners.append(
-        lambda a: events.append(f"ALERT {a.kind} on {a.subject}: {a.message}")
+        lambda a: events.append(f"ALERT {a.kind} on {name(a.subject)}: {a.message}")
     )
     watchdog.transition_listeners.append(
-        lambda t: events.append(f"BREAKER {t.subject}: {t.from_state} -> {t.to_state}")
+        lambda t: events.append(f"BREAKER {name(t.subject)}: {t.from_state} -> {t.to_state}")
     )
     agent = Agent(settings, meter_provider=provider, roots=[child.pid], source=source)
     agent.sampler.add_listener(watchdog.on_snapshot)
     watchdog.register_instruments(provider.get_meter("otel_gpu"))
+    # The same live view and summary as `otel-gpu run`, on stderr.
+    outputs = RunOutputs(
+        argparse.Namespace(quiet=False, view=False, record=None, summary_json=None),
+        f"otel-gpu demo ({args.scenario}, simulated 120x)",
+    )
+    outputs.attach(agent.sampler, watchdog)
 
     print(
         f"otel-gpu demo: watching PID {child.pid} on a simulated GPU ({args.scenario}), "
@@ -141,6 +156,7 @@ def demo(args: argparse.Namespace) -> int:
     interrupted = threading.Event()
     previous_sigint = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     agent.start()
+    outputs.start("a training-like job", child.pid, settings)
     started = time.monotonic()
     notified_at: float | None = None
     try:
@@ -149,9 +165,6 @@ def demo(args: argparse.Namespace) -> int:
                 break
             while events:
                 print(f"  >>> {events.pop(0)}", file=out)
-            snap = agent.sampler.latest
-            if snap is not None:
-                print(_status_line(snap, source), file=out)
             if _Receiver.received and notified_at is None:
                 notified_at = time.monotonic()
                 note = _Receiver.received[0]
@@ -167,6 +180,7 @@ def demo(args: argparse.Namespace) -> int:
         data = reader.get_metrics_data()
         receiver.shutdown()
         signal.signal(signal.SIGINT, previous_sigint)
+        outputs.finish(None)
     if interrupted.is_set():
         print("\notel-gpu demo: stopped (Ctrl-C)", file=out)
         return 130
@@ -186,22 +200,6 @@ def demo(args: argparse.Namespace) -> int:
         return 0
     print("no alert was raised in this run", file=out)
     return 0 if args.scenario == "steady" else 1
-
-
-def _status_line(snap: Any, source: Any) -> str:
-    t = source.elapsed()
-    clock = f"{int(t // 3600):02d}:{int(t % 3600 // 60):02d}:{int(t % 60):02d}"
-    parts = [f"[sim {clock}] phase {source.phase(t):<8}"]
-    for g in snap.gpus:
-        parts.append(
-            f"GPU{g.index} mem {g.memory_used / GIB:5.1f}/{g.memory_total / GIB:.0f} GiB "
-            f"util {100 * (g.util_gpu or 0):3.0f}% power {g.power_w or 0:4.0f} W"
-        )
-    for p in snap.processes[:2]:
-        gpu = sum(gp.used_memory or 0 for gp in snap.gpu_processes if gp.pid == p.pid)
-        cpu = "" if p.cpu_utilization is None else f" cpu {100 * p.cpu_utilization:4.1f}%"
-        parts.append(f"pid {p.pid} {p.executable_name}: gpu {gpu / GIB:5.1f} GiB{cpu}")
-    return " | ".join(parts)
 
 
 def _count(data: Any) -> tuple[int, set[str]]:

@@ -20,6 +20,7 @@ from otel_gpu.commands.common import (
     settings_from_args,
     setup_logging,
 )
+from otel_gpu.commands.outputs import RunOutputs, add_output_options
 from otel_gpu.errors import UsageError
 
 log = logging.getLogger("otel_gpu.run")
@@ -46,6 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "SIGUSR2 to it, and exit with its exit code (128+N when a signal N ended it).",
     )
     add_agent_options(parser)
+    add_output_options(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     parser.set_defaults(func=run)
 
@@ -95,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
 
     if settings.detect:
         check_settings()  # a bad OTEL_GPU_* setting refuses to start, never runs the job unwatched
+    outputs = RunOutputs(args, f"otel-gpu run {os.path.basename(cmd[0])}")
     # Own the node before the job starts, so an auto-instrumented job does not sample it twice.
     acquire_node_lock(settings.lock_dir)
     endpoints = AgentEndpoints(settings)
@@ -117,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
     # and leave the job (in its own session) running unsupervised.
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     agent = None
+    code: int | None = None
     try:
         try:
             job.append(subprocess.Popen(cmd, start_new_session=True, env=job_environment()))
@@ -131,8 +135,11 @@ def run(args: argparse.Namespace) -> int:
                 roots=[job[0].pid],
                 visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                 export_health=endpoints.export_health,
-            ).start()
+            )
+            outputs.attach(agent.sampler, agent.watchdog)
+            agent.start()
             endpoints.attach(agent)
+            outputs.start(os.path.basename(cmd[0]), job[0].pid, settings)
         except Exception as exc:  # the job runs on, unwatched, rather than being harmed
             log.warning("the agent failed to start (%s); %s runs on unwatched", exc, cmd[0])
             endpoints.agent_failed(str(exc))
@@ -148,6 +155,9 @@ def run(args: argparse.Namespace) -> int:
             steps.insert(0, ("agent", agent.shutdown))
         close_all(steps, settings.shutdown_timeout_s if job else 1.0)
         endpoints.close()
+        if agent is not None:
+            outputs.finish(code, cmd)
+    assert code is not None
     return code
 
 

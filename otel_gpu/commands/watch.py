@@ -16,6 +16,7 @@ from otel_gpu.commands.common import (
     settings_from_args,
     setup_logging,
 )
+from otel_gpu.commands.outputs import RunOutputs, add_output_options
 from otel_gpu.errors import UsageError
 from otel_gpu.sampling.procfs import read_stat
 
@@ -32,6 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--pid", type=int, required=True, help="root PID of the job to watch")
     add_agent_options(parser)
+    add_output_options(parser)
     parser.set_defaults(func=watch)
 
 
@@ -62,6 +64,7 @@ def watch(args: argparse.Namespace) -> int:
     if settings.detect:
         check_settings()
 
+    outputs = RunOutputs(args, f"otel-gpu watch {name}")
     acquire_node_lock(settings.lock_dir)
     endpoints = AgentEndpoints(settings)
     provider = meter_provider(
@@ -75,8 +78,11 @@ def watch(args: argparse.Namespace) -> int:
         roots=[args.pid],
         visible_devices=_visible_devices(root),
         export_health=endpoints.export_health,
-    ).start()
+    )
+    outputs.attach(agent.sampler, agent.watchdog)
+    agent.start()
     endpoints.attach(agent)
+    outputs.start(name, args.pid, settings)
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -91,6 +97,7 @@ def watch(args: argparse.Namespace) -> int:
             settings.shutdown_timeout_s,
         )
         endpoints.close()
+        outputs.finish(None, [name])
     return 0
 
 

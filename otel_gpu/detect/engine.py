@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 from otel_gpu.detect.config import DetectConfig
+from otel_gpu.detect.floor import FloorTrend
 from otel_gpu.detect.leak import LeakFinding, LeakState
 from otel_gpu.detect.model import (
     ANOMALY,
@@ -102,6 +103,14 @@ class Engine:
                 alerts.append(_rule_alert(subject, point, found))
         return alerts
 
+    def floor_trend(self, subject: str) -> FloorTrend | None:
+        """The leak detector's view of a subject's memory floor (None: no floor yet), for
+        displays and reports; alerts still come only from :meth:`observe`."""
+        state = self._subjects.get(subject)
+        if state is None or state.leak is None:
+            return None
+        return state.leak.trend()
+
     def forget(self, subject: str) -> None:
         """Drop all state of a subject that vanished (its process or GPU is gone)."""
         self._subjects.pop(subject, None)
@@ -118,7 +127,8 @@ def _sanitized(p: Point) -> Point:
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:.1f} GB"
+    # GiB, as NVML, nvidia-smi and otel-gpu's own view count memory (rates stay in MB/h).
+    return f"{n / 2**30:.1f} GiB"
 
 
 def _duration(s: float) -> str:

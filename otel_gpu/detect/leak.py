@@ -33,6 +33,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from otel_gpu.detect.config import DetectConfig
+from otel_gpu.detect.floor import FloorTrend, floor_trend
 from otel_gpu.detect.model import PHASE_EVALUATE, PHASE_LOAD, PHASE_SAVE, Point
 
 LEVEL_FACTOR = 4
@@ -265,7 +266,16 @@ def judge(
 class LeakState:
     """Per-subject leak evidence. ``observe`` returns a finding when a leak starts."""
 
-    __slots__ = ("cfg", "levels", "active", "active_window", "last_procs", "limit", "last_floor")
+    __slots__ = (
+        "cfg",
+        "levels",
+        "active",
+        "active_window",
+        "last_procs",
+        "limit",
+        "last_floor",
+        "_trend",
+    )
 
     def __init__(self, cfg: DetectConfig) -> None:
         self.cfg = cfg
@@ -275,12 +285,26 @@ class LeakState:
         self.last_procs: int | None = None
         self.limit: float | None = None
         self.last_floor: float | None = None
+        self._trend: tuple[tuple[int, float], FloorTrend] | None = None
+
+    def trend(self) -> FloorTrend | None:
+        """The floor and its recent slope (see :mod:`otel_gpu.detect.floor`), recomputed only
+        when the finest level closed a bucket since the last call, so a display may ask after
+        every sample."""
+        fine = self.levels[0]
+        if not fine.env_y:
+            return None
+        key = (len(fine.env_y), fine.env_t[-1])
+        if self._trend is None or self._trend[0] != key:
+            self._trend = (key, floor_trend(self.levels))
+        return self._trend[1]
 
     def reset(self) -> None:
         for level in self.levels:
             level.clear()
         self.active = False
         self.last_floor = None
+        self._trend = None
 
     def observe(self, p: Point) -> LeakFinding | None:
         used = p.used_bytes

@@ -5,6 +5,10 @@ Format: a header with ``time_s,used_bytes,limit_bytes`` and optionally ``util`` 
 ``ecc_uncorrected``, ``xid_errors``, in any order. Other columns are ignored (and reported to
 ``on_unknown``). An empty cell is unknown. Time must not go backwards. A UTF-8 byte-order mark
 and CRLF line ends (files saved by spreadsheet programs) are accepted.
+
+A recording (``otel-gpu run --record FILE``) is the same format in long form: a ``subject``
+column names the series of each row (``gpu:<uuid>``, ``process:<pid>@<uuid>``, ...), and each
+subject is judged on its own points, in file order; ``label`` holds a human name.
 """
 
 from __future__ import annotations
@@ -14,19 +18,28 @@ import math
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 from otel_gpu.detect.engine import Engine
 from otel_gpu.detect.model import NUMERIC_FIELDS, Alert, Point
 from otel_gpu.errors import UsageError
 
 REQUIRED = ("time_s", "used_bytes", "limit_bytes")
-# Every column a detector reads (NUMERIC_FIELDS starts with used_bytes, limit_bytes).
-COLUMNS = ("time_s", *NUMERIC_FIELDS, "procs", "phase")
+# Every column a detector reads (NUMERIC_FIELDS starts with used_bytes, limit_bytes), and a
+# recording's subject and label.
+COLUMNS = ("time_s", *NUMERIC_FIELDS, "procs", "phase", "subject", "label")
 
 
 class TraceError(UsageError):
     """A trace file that cannot be read; the message names the file and line."""
+
+
+class Row(NamedTuple):
+    """One row of a trace: its subject and label (None without those columns) and its point."""
+
+    subject: str | None
+    label: str | None
+    point: Point
 
 
 def read_trace(
@@ -35,7 +48,17 @@ def read_trace(
     stream: TextIO | None = None,
     on_unknown: Callable[[list[str]], None] | None = None,
 ) -> list[Point]:
-    """All points of a CSV trace, validated. Raises TraceError on the first problem.
+    """All points of a CSV trace, validated. Raises TraceError on the first problem."""
+    return [row.point for row in read_rows(path, stream=stream, on_unknown=on_unknown)]
+
+
+def read_rows(
+    path: str | os.PathLike[str],
+    *,
+    stream: TextIO | None = None,
+    on_unknown: Callable[[list[str]], None] | None = None,
+) -> list[Row]:
+    """All rows of a CSV trace or recording, validated. Raises TraceError on the first problem.
 
     ``stream``: read this instead of opening ``path`` (which then only names it, e.g. stdin).
     ``on_unknown`` gets the header's columns that no detector reads.
@@ -61,7 +84,7 @@ def read_trace(
 
 def _parse(
     name: str, lines: Iterable[str], on_unknown: Callable[[list[str]], None] | None
-) -> list[Point]:
+) -> list[Row]:
     reader = csv.reader(lines)
     header = next(reader, None)
     if not header:
@@ -83,7 +106,9 @@ def _parse(
     i_time = index["time_s"]
     i_procs = index.get("procs")
     i_phase = index.get("phase")
-    points: list[Point] = []
+    i_subject = index.get("subject")
+    i_label = index.get("label")
+    points: list[Row] = []
     last = -math.inf
     for row in reader:
         line = reader.line_num
@@ -107,7 +132,9 @@ def _parse(
             values["procs"] = None if procs is None else int(procs)
         if i_phase is not None:
             values["phase"] = row[i_phase].strip() or None
-        points.append(Point(**values))  # type: ignore[arg-type]
+        subject = row[i_subject].strip() or None if i_subject is not None else None
+        label = row[i_label].strip() or None if i_label is not None else None
+        points.append(Row(subject, label, Point(**values)))  # type: ignore[arg-type]
     return points
 
 
@@ -127,6 +154,22 @@ def _number(name: str, line: int, col: str, text: str) -> float | None:
 def subject_for(path: str | os.PathLike[str]) -> str:
     """The subject a replayed file is judged as: ``job:<file name without extension>``."""
     return f"job:{Path(path).stem}"
+
+
+def replay_rows(engine: Engine, default_subject: str, rows: Iterable[Row]) -> list[Alert]:
+    """Feed each row to its subject (``default_subject`` where it names none), in order; all
+    alerts raised, then every subject is forgotten."""
+    alerts: list[Alert] = []
+    seen: set[str] = set()
+    try:
+        for row in rows:
+            subject = row.subject or default_subject
+            seen.add(subject)
+            alerts.extend(engine.observe(subject, row.point))
+    finally:
+        for subject in seen:
+            engine.forget(subject)
+    return alerts
 
 
 def replay(engine: Engine, subject: str, points: Iterable[Point]) -> list[Alert]:

@@ -1,0 +1,156 @@
+"""What ``run`` / ``watch`` / ``demo`` show and write besides the metrics: the live view on
+stderr, the end-of-run summary (``--summary-json``) and the recording (``--record``)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+from otel_gpu.errors import UsageError
+
+log = logging.getLogger("otel_gpu.outputs")
+
+
+def add_output_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no live view and no summary on stderr",
+    )
+    parser.add_argument(
+        "--view",
+        action="store_true",
+        help="draw the live view even when stderr is not a terminal (default: on a terminal a "
+        "table redrawn in place, otherwise one line per interval)",
+    )
+    parser.add_argument(
+        "--record",
+        metavar="FILE",
+        help="write every sampled point to FILE (CSV; replay it with 'otel-gpu analyze FILE', "
+        "plot it with 'otel-gpu report FILE')",
+    )
+    parser.add_argument(
+        "--summary-json",
+        metavar="FILE",
+        help="write the end-of-run summary to FILE as JSON",
+    )
+
+
+class RunOutputs:
+    """The view, summary and recorder of one watched run. Nothing here runs on the job's
+    threads or blocks the sampler: the sampler thread hands each sweep over and returns."""
+
+    def __init__(self, args: argparse.Namespace, title: str, *, stream: Any = None) -> None:
+        from otel_gpu.summary import RunSummary
+        from otel_gpu.view import LiveView, choose_mode, make_console
+
+        if args.quiet and args.view:
+            raise UsageError("--quiet and --view contradict each other: give one of them")
+        self.summary_json: str | None = args.summary_json
+        if self.summary_json is not None:
+            _check_writable(self.summary_json, "--summary-json")
+        self.recorder: Any = None
+        if args.record is not None:
+            from otel_gpu.record import Recorder, open_recording
+
+            self.recorder = Recorder(open_recording(args.record))
+        stream = stream if stream is not None else sys.stderr
+        is_terminal = bool(getattr(stream, "isatty", lambda: False)())
+        self.quiet = bool(args.quiet)
+        mode = choose_mode(self.quiet, bool(args.view), is_terminal)
+        self.console = make_console(stream, force_terminal=bool(args.view))
+        self.view = LiveView(mode, title, console=self.console)
+        self.summary = RunSummary()
+        self.watchdog: Any = None
+        self._started = time.monotonic()
+
+    def attach(self, sampler: Any, watchdog: Any) -> None:
+        """Listen to an agent's sweeps (before it starts)."""
+        from otel_gpu.sweeps import labels, on_sweeps
+
+        self.watchdog = watchdog
+        self.view.attach(sampler, watchdog)
+        if watchdog is not None:
+            watchdog.alert_listeners.append(self.summary.on_alert)
+            watchdog.transition_listeners.append(self.summary.on_transition)
+
+        def summarise(sweep: Any) -> None:
+            names = labels(sweep.snapshot)
+            for subject, point in sweep.points:
+                self.summary.observe(subject, point, names.get(subject))
+            self.summary.take_trends(sweep.engine)
+
+        on_sweeps(sampler, watchdog, summarise)
+        if self.recorder is not None:
+            on_sweeps(sampler, watchdog, self.recorder.on_sweep)
+
+    def start(self, name: str, pid: int, settings: Any) -> None:
+        """Start the view with one line saying what is watched and where the metrics go."""
+        self._started = time.monotonic()
+        self.view.start(
+            f"otel-gpu: watching {name} (PID {pid}) every {settings.interval_s:g} s, "
+            f"{describe_export(settings)}, detection {'on' if self.watchdog is not None else 'off'}"
+        )
+
+    def finish(self, exit_code: int | None, command: list[str] | None = None) -> None:
+        """After the agent stopped: last frame, recording closed, summary printed and written."""
+        from otel_gpu import summary
+
+        self.view.stop()
+        if self.recorder is not None:
+            self.recorder.close()
+        data = self.summary.to_dict(
+            duration_s=time.monotonic() - self._started,
+            exit_code=exit_code,
+            command=command,
+            actions=self._actions(),
+        )
+        if not self.quiet:
+            with contextlib.suppress(OSError):  # stderr closed: nothing to show it on
+                summary.render(data, self.console)
+        if self.summary_json is not None:
+            try:
+                summary.write_json(self.summary_json, data)
+            except OSError as exc:
+                log.warning("cannot write --summary-json %s: %s", self.summary_json, exc)
+
+    def _actions(self) -> dict[str, int]:
+        dispatcher = getattr(self.watchdog, "dispatcher", None)
+        if dispatcher is None:
+            return {}
+        stats = dispatcher.stats
+        return {
+            "notifications_delivered": stats.delivered,
+            "notifications_failed": stats.failed,
+            "notifications_dropped": stats.dropped + stats.abandoned,
+            "stops_requested": stats.stops,
+        }
+
+
+def _check_writable(path: str, flag: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise UsageError(
+            f"{flag} {path}: cannot write there; give a file path in a writable folder"
+        )
+
+
+def describe_export(settings: Any) -> str:
+    """``metrics to http://localhost:4317`` / ``metrics printed as JSON`` / ``no metric export``."""
+    if settings.exporter == "none":
+        return "no metric export"
+    if settings.exporter == "console":
+        return "metrics printed to stdout as JSON"
+    from urllib.parse import urlsplit
+
+    endpoint = settings.endpoint or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4317"
+    )
+    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    # Only scheme, host and port: a URL may carry credentials.
+    return f"metrics over OTLP to {parts.scheme}://{parts.hostname}:{parts.port or ''}"

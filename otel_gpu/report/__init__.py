@@ -1,0 +1,1 @@
+"""``otel-gpu report``: a recorded run as one self-contained HTML page with plots."""

@@ -1,0 +1,161 @@
+"""`--record FILE`: a recording replays the live run exactly (`otel-gpu analyze`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fakenvml.fixtures import FakeNvml
+from test_cli import CLI, _env
+
+from otel_gpu.agent import Agent
+from otel_gpu.config import Settings
+from otel_gpu.detect.breaker import Breaker, BreakerConfig, Transition
+from otel_gpu.detect.engine import DetectConfig, Engine
+from otel_gpu.detect.model import Alert, Point
+from otel_gpu.detect.trace import read_rows
+from otel_gpu.record import Recorder, open_recording
+from otel_gpu.sampling.sim import GIB, SimulatedSource
+from otel_gpu.sweeps import on_sweeps
+from otel_gpu.watchdog import Watchdog
+
+# The demo's short leak windows: a leak is found within minutes of simulated time.
+FAST = {"leak_bucket_s": 15, "leak_min_window_s": 900, "leak_context_s": 1800}
+
+
+def record_simulated_leak(path: Path, seconds: float = 30.0) -> dict:
+    """A real agent (sampler thread, engine, breaker) on a simulated leaking GPU at 240x,
+    recorded to ``path``; returns what the live run saw."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        source = SimulatedSource("leak", time_scale=240.0, leak_bytes_per_s=12 * GIB / 3600)
+        agent = Agent(
+            Settings(interval_s=0.1, exporter="none", detect=False),
+            roots=[child.pid],
+            source=source,
+        )
+        watchdog = Watchdog(
+            Engine(DetectConfig(**FAST)),
+            Breaker(BreakerConfig()),
+            phase=lambda: source.phase(source.elapsed()),
+        )
+        agent.sampler.add_listener(watchdog.on_snapshot)
+        alerts: list[Alert] = []
+        transitions: list[Transition] = []
+        judged: list[tuple[str, Point]] = []
+        watchdog.alert_listeners.append(alerts.append)
+        watchdog.transition_listeners.append(transitions.append)
+        recorder = Recorder(open_recording(str(path)))
+        on_sweeps(agent.sampler, watchdog, recorder.on_sweep)
+        on_sweeps(agent.sampler, watchdog, lambda sweep: judged.extend(sweep.points))
+        agent.start()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not any(a.kind == "leak" for a in alerts):
+            time.sleep(0.2)
+        time.sleep(1.0)  # a few sweeps after the alert
+        agent.shutdown(2.0)
+        recorder.close()
+    finally:
+        child.kill()
+        child.wait()
+    return {"alerts": alerts, "transitions": transitions, "points": judged}
+
+
+def analyze(*args: str) -> list[dict]:
+    res = subprocess.run(
+        [*CLI, "analyze", *args], capture_output=True, text=True, timeout=60, env=_env()
+    )
+    assert res.returncode == 0, res.stderr
+    return [json.loads(line) for line in res.stdout.splitlines()]
+
+
+def test_recording_holds_exactly_the_points_the_engine_judged_and_replays_its_alerts(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "leak.csv"
+    live = record_simulated_leak(path)
+    leaks = [a for a in live["alerts"] if a.kind == "leak"]
+    assert leaks, "the simulated leak was not found live"
+    rows = read_rows(path)
+    # Every point, bit for bit (floats round-trip), in the order the engine saw them.
+    assert [(r.subject, r.point) for r in rows] == live["points"]
+    assert {r.subject.split(":")[0] for r in rows if r.subject} == {"gpu", "process", "rss"}
+    first = {r.subject: r.label for r in rows if r.label}
+    assert any(label.startswith("GPU0 51a1a7ed") for label in first.values())
+    # `otel-gpu analyze` on the recording: the same alerts, subjects and data times.
+    config = tmp_path / "detect.json"
+    config.write_text(json.dumps(FAST))
+    replayed = analyze("--config", str(config), str(path))
+    assert [(x["kind"], x["subject"], x["time_s"], x["message"]) for x in replayed] == [
+        (a.kind, a.subject, a.time, a.message) for a in live["alerts"]
+    ]
+
+
+def test_run_record_and_summary_json_agree_with_analyze(
+    fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
+    # Hot and nearly full from the second second on: temperature and memory threshold alerts.
+    fake_nvml.write(
+        """
+        gpu.0.memory.total = 85899345920
+        gpu.0.memory.used = steps 0:40000000000 1:82000000000+400000000/s
+        gpu.0.temperature = steps 0:60 1:95
+        gpu.0.util.gpu = 90
+        """
+    )
+    record, summary = tmp_path / "run.csv", tmp_path / "summary.json"
+    res = subprocess.run(
+        [*CLI, "run", "--exporter", "none", "--interval", "0.2", "--record", str(record),
+         "--summary-json", str(summary), "--", sys.executable, "-c",
+         "import time; time.sleep(5); raise SystemExit(3)"],
+        capture_output=True, text=True, timeout=60, env=fake_nvml.env(_env()),
+    )  # fmt: skip
+    assert res.returncode == 3, res.stderr
+    data = json.loads(summary.read_text())
+    live = [(a["kind"], a["subject"], a["time"]) for a in data["alerts"]]
+    assert {kind for kind, _, _ in live} == {"threshold"} and len(live) == 2
+    replayed = analyze(str(record))
+    assert [(x["kind"], x["subject"], x["time_s"]) for x in replayed] == live
+
+
+def test_unwritable_record_path_is_refused_before_the_job_starts(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    res = subprocess.run(
+        [*CLI, "run", "--simulate", "steady", "--exporter", "none", "--record",
+         str(tmp_path / "no" / "such" / "dir.csv"), "--", sys.executable, "-c",
+         f"open({str(marker)!r}, 'w')"],
+        capture_output=True, text=True, timeout=60, env=_env(),
+    )  # fmt: skip
+    assert res.returncode == 2
+    assert res.stderr.strip().startswith("otel-gpu: error: --record ")
+    assert "give a writable file path" in res.stderr and len(res.stderr.splitlines()) == 1
+    assert not marker.exists()
+
+
+def test_a_stalled_disk_drops_whole_sweeps_and_never_blocks_the_sampler() -> None:
+    import os
+
+    from otel_gpu.sampling.snapshot import GpuSample, Snapshot
+    from otel_gpu.sweeps import Sweep
+
+    read_end, write_end = os.pipe()  # a "file" nobody drains
+    os.set_blocking(write_end, False)
+    try:
+        while True:
+            os.write(write_end, b"x" * 4096)
+    except BlockingIOError:
+        pass
+    os.set_blocking(write_end, True)
+    recorder = Recorder(os.fdopen(write_end, "w", newline=""))
+    snap = Snapshot(time=1.0, gpus=(GpuSample("GPU-1", 0),))
+    sweep = Sweep(snap, [("gpu:GPU-1", Point(1.0, used_bytes=1.0))], None, None)
+    began = time.monotonic()
+    for _ in range(1000):
+        recorder.on_sweep(sweep)
+    assert time.monotonic() - began < 5  # queued or dropped, never waited on
+    assert recorder.dropped_sweeps >= 1000 - 256 - 1
+    recorder.close(timeout_s=0.2)  # bounded although the writer is stuck
+    os.close(read_end)
