@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import wrapt
@@ -103,7 +103,7 @@ class FrameworkInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         """``{module: {"Class.method": wrapper}}``: what to wrap when ``module`` is imported."""
         raise NotImplementedError
 
-    def instrumentation_dependencies(self) -> tuple[str, ...]:
+    def instrumentation_dependencies(self) -> Collection[str]:
         return ()
 
     def _instrument(self, **kwargs: Any) -> None:
