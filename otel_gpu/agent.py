@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.metrics import MeterProvider
 
@@ -22,6 +22,9 @@ from otel_gpu.sampling.isolated import SamplerProcess, SamplerSpec
 from otel_gpu.sampling.sampler import Sampler
 from otel_gpu.sampling.source import DeviceSource
 from otel_gpu.selfmetrics import ExportHealth
+
+if TYPE_CHECKING:  # the watchdog (psutil, the engine) is imported only when detection is on
+    from otel_gpu.watchdog import InProcessTrainer
 
 log = logging.getLogger("otel_gpu.agent")
 
@@ -61,10 +64,12 @@ class Agent:
         roots: Iterable[int] = (),
         source: DeviceSource | None = None,
         visible_devices: str | None = None,
-        in_process: bool = False,
+        trainer: InProcessTrainer | None = None,
         export_health: ExportHealth | None = None,
     ) -> None:
-        """``export_health``: where the meter provider's exporter counts its outcomes
+        """``trainer``: the trainer this agent runs inside (:func:`start_in_process`), whose
+        phase and step feed detection and whose graceful stop is asked first.
+        ``export_health``: where the meter provider's exporter counts its outcomes
         (:func:`otel_gpu.export.meter_provider`), for the self-metrics and ``/healthz``."""
         self.settings = settings
         self.sampler: Sampler | SamplerProcess
@@ -109,7 +114,7 @@ class Agent:
         if settings.detect:
             from otel_gpu.watchdog import Watchdog
 
-            self.watchdog = Watchdog.from_env(in_process=in_process)
+            self.watchdog = Watchdog.from_env(proc_root=settings.proc_root, trainer=trainer)
             self.sampler.add_listener(self.watchdog.on_snapshot)
             if meter_provider is not None:
                 self.watchdog.register_instruments(meter_provider.get_meter("otel_gpu", _version()))
@@ -168,12 +173,14 @@ def start_in_process(
     meter_provider: MeterProvider,
     settings: Settings | None = None,
     roots: Iterable[int] | None = None,
+    trainer: InProcessTrainer | None = None,
 ) -> BackgroundAgent | None:
     """Start the node agent here if this process wins the node lock; never raises.
 
     Watches the tree under ``roots`` (default: this process, so its DataLoader workers and
     spawned ranks; a torchrun rank passes its parent, torchrun's agent, to cover its sibling
-    ranks) and the GPUs named by ``CUDA_VISIBLE_DEVICES``. The engine runs in-process, so a
+    ranks) and the GPUs named by ``CUDA_VISIBLE_DEVICES``. The engine runs in-process: the
+    caller passes the ``trainer`` it belongs to, so detection knows the phase and step and a
     stop action asks the trainer's graceful checkpoint-and-stop first. The agent is built on a
     background thread; the caller keeps the handle to shut it down.
     """
@@ -193,6 +200,6 @@ def start_in_process(
             meter_provider=meter_provider,
             roots=watched,
             visible_devices=visible,
-            in_process=True,
+            trainer=trainer,
         )
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
@@ -86,6 +87,20 @@ def snapshot_points(
             )
 
 
+@dataclass(frozen=True)
+class InProcessTrainer:
+    """What an agent running inside the trainer's own process reads from it and asks of it.
+
+    Built by the tracing side where it starts the agent (the detection side never imports
+    tracing): cheap reads of Python variables for the phase and step, and the trainer's
+    graceful checkpoint-and-stop request (True when a trainer takes it).
+    """
+
+    phase: Callable[[], str | None] = lambda: None
+    step: Callable[[], float | None] = lambda: None
+    request_stop: Callable[[str], bool] | None = None
+
+
 class Watchdog:
     """Feeds the engine from snapshots and turns breaker transitions into actions."""
 
@@ -124,11 +139,16 @@ class Watchdog:
         self.sweep_listeners: list[Callable[[Snapshot, list[tuple[str, Point]]], None]] = []
 
     @classmethod
-    def from_env(cls, tree: Any = None, *, in_process: bool = False) -> Watchdog:
+    def from_env(
+        cls, *, proc_root: str = "/proc", trainer: InProcessTrainer | None = None
+    ) -> Watchdog:
         """Engine, breaker and actions configured from ``OTEL_GPU_*`` variables.
 
-        ``tree`` bounds the stop action: only the watched job's processes are ever signalled.
-        ``in_process``: the agent runs inside the trainer, whose graceful stop is asked first.
+        ``proc_root``: the /proc the sweeps read (``OTEL_GPU_PROC_ROOT``), where a stop reads
+        the start times that guard against a reused PID; only the watched job's processes are
+        ever signalled.
+        ``trainer``: the agent runs inside this trainer, whose phase and step feed the
+        detectors and whose graceful stop is asked first.
         """
         import psutil
 
@@ -136,19 +156,16 @@ class Watchdog:
         from otel_gpu.actions.dispatcher import ActionDispatcher
         from otel_gpu.actions.stop import JobStopper
 
-        phase, step = _in_process_progress()
-        proc_root = getattr(tree, "proc_root", "/proc")  # where the sweeps read start times
+        trainer = trainer or InProcessTrainer()
         watchdog = cls(
             Engine(DetectConfig.from_env()),
             Breaker(BreakerConfig.from_env()),
-            phase=phase,
-            step=step,
+            phase=trainer.phase,
+            step=trainer.step,
             host_memory=psutil.virtual_memory().total,
             start_ticks=lambda pid: read_start_ticks(pid, proc_root),
         )
-        stopper = JobStopper(
-            watchdog.verified_trainers, request_fn=_graceful_stop() if in_process else None
-        )
+        stopper = JobStopper(watchdog.verified_trainers, request_fn=trainer.request_stop)
         watchdog.dispatcher = ActionDispatcher.from_config(
             ActionsConfig.from_env(), stopper=stopper
         )
@@ -308,15 +325,6 @@ class Watchdog:
             self.dispatcher.close(timeout_s)
 
 
-def _in_process_progress() -> tuple[Callable[[], str | None], Callable[[], float | None]]:
-    """Phase and step of an in-process trainer, when the tracing side knows them."""
-    try:
-        from otel_gpu.tracing import current_phase, current_step
-    except ImportError:
-        return (lambda: None), (lambda: None)
-    return current_phase, current_step
-
-
 def check_settings() -> None:
     """Validate the detection, breaker and action settings now (UsageError on a bad one), so a
     command can refuse before it starts the job rather than run it unwatched."""
@@ -325,12 +333,3 @@ def check_settings() -> None:
     DetectConfig.from_env()
     BreakerConfig.from_env()
     ActionsConfig.from_env()
-
-
-def _graceful_stop() -> Callable[[str], bool] | None:
-    """The in-process trainer's checkpoint-and-stop request, when the tracing side has one."""
-    try:
-        from otel_gpu.tracing.control import request_stop
-    except ImportError:
-        return None
-    return request_stop

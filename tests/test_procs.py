@@ -182,16 +182,14 @@ def test_exec_replaces_the_cached_command(proc: FakeProc) -> None:
     assert (s.executable_name, s.command) == ("sleep", "sleep 5")
 
 
-def test_root_replaced_by_another_process_is_not_alive(proc: FakeProc) -> None:
+def test_root_replaced_by_another_process_leaves_the_job(proc: FakeProc) -> None:
     proc.add(100, starttime=1000)
     proc.add(101, ppid=100)
     tree = ProcessTree([100], proc_root=str(proc.root))
-    assert tree.roots_alive() and len(tree.sample().processes) == 2
-    proc.add(100, starttime=9999, cmdline=("other",))
-    assert not tree.roots_alive()
+    assert [p.pid for p in tree.sample().processes] == [100, 101]
+    proc.add(100, starttime=9999, cmdline=("other",))  # the PID now names another process
     assert [p.pid for p in tree.sample().processes] == [101]  # the orphan stays in the job
-    proc.add(100, starttime=1000, state="Z")
-    assert not tree.roots_alive()  # a zombie root has finished
+    assert tree.job_pids() == [101]
 
 
 def test_reparented_descendant_stays_and_set_roots_starts_over(proc: FakeProc) -> None:
@@ -256,7 +254,6 @@ def test_roots_translated_into_a_mounted_host_proc(proc: FakeProc) -> None:
     proc.add(4242, ppid=900, starttime=my_start, nspid=(4242, me))  # us, as the host sees us
     proc.add(4243, ppid=4242, nspid=(4243, 12))
     tree = ProcessTree([me], proc_root=str(proc.root))
-    assert tree.roots_alive()
     procs = by_pid(tree.sample())
     assert list(procs) == [4242, 4243]
     assert (procs[4242].vpid, procs[4243].vpid) == (me, 12)
@@ -302,7 +299,7 @@ def test_command_redaction_and_truncation(proc: FakeProc) -> None:
 
 def test_missing_proc_root_is_empty(tmp_path: Path) -> None:
     tree = ProcessTree([1], proc_root=str(tmp_path / "nope"))
-    assert tree.sample([5]).processes == () and not tree.roots_alive()
+    assert tree.sample([5]).processes == () and tree.job_pids() == []
 
 
 # -- real processes ----------------------------------------------------------------------------
@@ -361,7 +358,6 @@ def test_real_tree_exit_zombie_and_orphans(spawned: list[subprocess.Popen]) -> N
     # The parent dies: the zombie goes (init reaps it), the live orphan stays in the job.
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
-    assert not tree.roots_alive()
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and kids[0] in by_pid(tree.sample()):
         time.sleep(0.02)

@@ -56,7 +56,6 @@ class StallState:
         "raw_idle_since",
         "raw_mode",
         "idle_since",
-        "idle_mode",
         "idle_used",
         "worked",
         "longest_recovered",
@@ -83,7 +82,6 @@ class StallState:
         self.raw_idle_since: float | None = None
         self.raw_mode: str | None = None
         self.idle_since: float | None = None
-        self.idle_mode = IDLE
         self.idle_used: float | None = None
         self.worked = False
         self.longest_recovered = 0.0
@@ -202,7 +200,6 @@ class StallState:
         if self.idle_since is None:
             start = self.raw_idle_since if mode == self.raw_mode else None
             self.idle_since = t if start is None else start
-            self.idle_mode = mode
             self.idle_used = p.used_bytes
             # Only pauses of a job that had worked teach the window (not model loading).
             self.idle_learnable = self.worked

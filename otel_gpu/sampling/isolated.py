@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 from otel_gpu.sampling.sampler import Published
 from otel_gpu.sampling.snapshot import STATUS_DEGRADED, GpuSample, Snapshot
@@ -68,7 +68,6 @@ class SamplerSpec:
     process_command: str = "redacted"  # OTEL_GPU_PROCESS_COMMAND (otel_gpu.redact)
     log_level: int = logging.WARNING
     parent_pid: int = 0
-    extra: dict[str, str] = field(default_factory=dict)  # forward-compatible options
 
     @property
     def hang_after_s(self) -> float:
@@ -185,11 +184,6 @@ class SamplerProcess(Published):
         self._hung_what: str | None = None  # what the helper said it hung in, before exiting
 
     # -- public surface ---------------------------------------------------------------------
-
-    @property
-    def child_pid(self) -> int | None:
-        child = self._child
-        return child.pid if child is not None else None
 
     def start(self) -> None:
         if self._thread is not None:

@@ -45,7 +45,6 @@ class CallGuard:
         self._call_started: float | None = None  # time.monotonic() of the call in flight
         self._call_key: Hashable = None  # what the call in flight reads (for reports)
         self.hung_key: Hashable = None  # key of the call that overran, while it is stuck
-        self.abandoned_jobs = 0
 
     @property
     def busy(self) -> bool:
@@ -117,7 +116,6 @@ class CallGuard:
                 if done.is_set():  # finished in the meantime after all
                     return True
                 self.hung_key = self._call_key if started is not None else None
-                self.abandoned_jobs += 1
                 return False
 
     def stuck_seconds(self) -> float:

@@ -91,8 +91,8 @@ def fd_count_by_stat(proc_root: str) -> bool:
 class ProcessTree:
     """The watched roots and all their descendants, sampled from ``proc_root``.
 
-    ``sample`` runs only on the sampler thread; ``set_roots``, ``job_pids`` and ``roots_alive``
-    may be called from any thread. A process that was once in the tree stays in it when its
+    ``sample`` runs only on the sampler thread; ``set_roots`` and ``job_pids`` may be called
+    from any thread. A process that was once in the tree stays in it when its
     parent exits and it is re-parented (a launcher that dies leaves its trainer in the job).
     """
 
@@ -206,16 +206,6 @@ class ProcessTree:
     def job_pids(self) -> list[int]:
         """Live PIDs of the watched tree (roots first) as of the last sample, uncapped."""
         return list(self._job_pids)
-
-    def roots_alive(self) -> bool:
-        """Whether any root is still running now (a zombie or a reused PID counts as gone)."""
-        with self._lock:
-            roots = list(self._roots)
-        for pid, start in roots:
-            st = read_stat(self.proc_root, pid)
-            if st is not None and st.starttime == start and st.state not in "ZX":
-                return True
-        return False
 
     def sample(self, gpu_pids: Iterable[int] = ()) -> ProcessReading:
         """Read the tree (and the GPU processes NVML listed, by host PID) once."""

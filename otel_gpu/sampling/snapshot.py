@@ -102,4 +102,3 @@ class Snapshot:
     sweep_seconds: float | None = None  # how long the sweep took
     # NVML errors by name (e.g. ("TIMEOUT", 3)) since the sampling process started.
     nvml_errors: tuple[tuple[str, int], ...] = ()
-    extra: dict[str, float] = field(default_factory=dict)

@@ -24,22 +24,52 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from otel_gpu.tracing import control as stop_control
-from otel_gpu.tracing.run import RunTracer, guarded
+from otel_gpu.tracing.lifecycle import TrainingRun
+from otel_gpu.tracing.run import guarded
 from otel_gpu.tracing.settings import TracingSettings
-from otel_gpu.tracing.stop_record import record_stop
-
-_run: RunTracer | None = None
-_last_step_ns: int | None = None
-_stop_attached = False
-_all_reduce: Any = None
 
 
-def _tracer() -> RunTracer:
-    global _run
-    if _run is None:
-        _run = RunTracer("manual")
-    return _run
+class _ManualLoop:
+    """The process's hand-written training loop: its run and the last step boundary."""
+
+    def __init__(self, settings: TracingSettings | None = None) -> None:
+        self.run = TrainingRun("manual", settings=settings)
+        self.last_step_ns: int | None = None  # a step span starts here (time.time_ns())
+
+    @guarded
+    def open(self, name: str, attributes: dict[str, Any]) -> tuple[Any, Any] | None:
+        """(phase handle or None for ``train``, its span)."""
+        self.last_step_ns = time.time_ns()
+        if name != "train":
+            handle = self.run.phase_begin(name, attributes)
+            return handle, handle.span
+        self.run.train_begin(attributes)
+        return None, self.run.train_span
+
+    @guarded
+    def close(self, handle: Any, error: BaseException | None) -> None:
+        if handle is None:
+            self.run.train_end(error)
+        else:
+            self.run.phase_end(handle, error)
+        self.last_step_ns = time.time_ns()
+
+    @guarded
+    def step(self, n: int, numbers: dict[str, Any]) -> bool:
+        now = time.time_ns()
+        self.run.step_done(n, self.last_step_ns or now, numbers)
+        self.last_step_ns = now
+        return self.run.stop_agreed(n)
+
+
+_loop: _ManualLoop | None = None
+
+
+def _current() -> _ManualLoop:
+    global _loop
+    if _loop is None:
+        _loop = _ManualLoop()
+    return _loop
 
 
 @contextlib.contextmanager
@@ -49,7 +79,8 @@ def phase(name: str, **attributes: Any) -> Iterator[None]:
     An exception leaving the block ends the span in error (and is re-raised). Spans you start
     inside the block become its children. Telemetry failures never reach your code.
     """
-    opened = _open(name, attributes)
+    loop = _current()
+    opened = loop.open(name, attributes)
     span = opened[1] if opened else None
     token = otel_context.attach(trace.set_span_in_context(span)) if span is not None else None
     error: BaseException | None = None
@@ -62,37 +93,7 @@ def phase(name: str, **attributes: Any) -> Iterator[None]:
         if token is not None:
             otel_context.detach(token)
         if opened:
-            _close(opened[0], error)
-
-
-@guarded
-def _open(name: str, attributes: dict[str, Any]) -> tuple[Any, Any] | None:
-    """(phase handle or None for ``train``, its span)."""
-    global _last_step_ns, _stop_attached, _all_reduce
-    run = _tracer()
-    _last_step_ns = time.time_ns()
-    if name != "train":
-        handle = run.phase_begin(name, attributes)
-        return handle, handle.span
-    run.train_begin(attributes)
-    if run.settings.stop_enabled and not _stop_attached:
-        stop_control.attach()
-        _stop_attached, _all_reduce = True, stop_control.torch_all_reduce_max()
-    return None, run.train_span
-
-
-@guarded
-def _close(handle: Any, error: BaseException | None) -> None:
-    global _last_step_ns, _stop_attached
-    run = _tracer()
-    if handle is None:
-        run.train_end(error)
-        if _stop_attached:
-            stop_control.detach()
-            _stop_attached = False
-    else:
-        run.phase_end(handle, error)
-    _last_step_ns = time.time_ns()
+            loop.close(opened[0], error)
 
 
 def step(n: int, **numbers: Any) -> bool:
@@ -103,28 +104,10 @@ def step(n: int, **numbers: Any) -> bool:
     (``OTEL_GPU_STOP=true`` and :func:`~otel_gpu.tracing.control.request_stop` called): save
     your checkpoint and leave the loop. Under DDP every rank must call it at every step.
     """
-    return bool(_step(int(n), numbers))
-
-
-@guarded
-def _step(n: int, numbers: dict[str, Any]) -> bool:
-    global _last_step_ns
-    run = _tracer()
-    now = time.time_ns()
-    run.step_done(n, _last_step_ns or now, numbers)
-    _last_step_ns = now
-    if not _stop_attached:
-        return False
-    decision = stop_control.decide(n, run.settings.stop_sync_steps, run.rank.rank, _all_reduce)
-    if decision is None:
-        return False
-    stop_control.consume()
-    record_stop(run, decision, n)
-    return True
+    return bool(_current().step(int(n), numbers))
 
 
 def _reset(settings: TracingSettings | None = None) -> None:
-    """Forget the process's manual run (tests)."""
-    global _run, _last_step_ns
-    _run = RunTracer("manual", settings=settings) if settings is not None else None
-    _last_step_ns = None
+    """Forget the process's manual loop (tests)."""
+    global _loop
+    _loop = _ManualLoop(settings) if settings is not None else None

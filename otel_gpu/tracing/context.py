@@ -211,10 +211,6 @@ def set_role(role: str | None) -> None:
     _role = role
 
 
-def current_role() -> str | None:
-    return _role
-
-
 def traces_enabled() -> bool:
     """False in launchers and helper processes, where instrumentors must add nothing."""
     return _role not in (LAUNCHER, OFF)

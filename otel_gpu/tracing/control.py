@@ -49,11 +49,6 @@ def request_stop(reason: str) -> bool:
     return True
 
 
-def stop_pending() -> str | None:
-    """The pending request's reason, if any."""
-    return _reason
-
-
 def attach() -> None:
     """A trainer with stop enabled started training here."""
     global _takers

@@ -13,10 +13,9 @@ from typing import Any
 from opentelemetry.trace import TracerProvider
 from transformers.trainer_callback import TrainerCallback
 
-from otel_gpu.tracing import control as stop_control
-from otel_gpu.tracing.run import RunTracer, guarded, numeric_attributes
+from otel_gpu.tracing.lifecycle import TrainingRun
+from otel_gpu.tracing.run import guarded, numeric_attributes
 from otel_gpu.tracing.settings import TracingSettings
-from otel_gpu.tracing.stop_record import record_stop
 
 log = logging.getLogger("otel_gpu.tracing")
 
@@ -58,90 +57,63 @@ class OtelGpuTrainerCallback(TrainerCallback):
         tracer_provider: TracerProvider | None = None,
         settings: TracingSettings | None = None,
     ) -> None:
-        self.settings = settings or TracingSettings.load()
-        self.run = RunTracer("transformers", tracer_provider, self.settings)
-        self._owner_pid = os.getpid()
-        self._stop_attached = False
-        self._all_reduce: Any = None
+        self.run = TrainingRun("transformers", tracer_provider, settings)
         self.wrapped_phases: set[str] = set()  # phases the Trainer method wrappers time now
         self.saved_step: int | None = None  # the step whose save the wrapper already timed
-
-    def _live(self) -> bool:
-        return os.getpid() == self._owner_pid
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     @guarded
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if not self._live():
-            return
-        self.run.train_begin(train_attributes(args, state, kwargs.get("model")))
-        if self.settings.stop_enabled and not self._stop_attached:
-            stop_control.attach()
-            self._stop_attached = True
-            self._all_reduce = stop_control.torch_all_reduce_max()
+        if self.run.live():
+            self.run.train_begin(train_attributes(args, state, kwargs.get("model")))
 
     @guarded
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._live():
-            self.finish(None)
-
-    def finish(self, error: BaseException | None) -> None:
-        """End the run (also called by the ``Trainer.train`` wrapper when training raises)."""
-        self.run.train_end(error)
-        if self._stop_attached:
-            stop_control.detach()
-            self._stop_attached = False
+        if self.run.live():
+            self.run.train_end()  # when training raises, the ``Trainer.train`` wrapper ends it
 
     @guarded
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._live():
+        if self.run.live():
             self.run.epoch_begin(int(state.epoch or 0))
 
     @guarded
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._live():
+        if self.run.live():
             self.run.epoch_end()
 
     @guarded
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._live():
+        if self.run.live():
             self.run.step_begin(state.global_step + 1)
 
     @guarded
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if not self._live():
+        if not self.run.live():
             return
         self.run.step_end(state.global_step)
-        if not self._stop_attached:
-            return
-        decision = stop_control.decide(
-            state.global_step, self.settings.stop_sync_steps, self.run.rank.rank, self._all_reduce
-        )
-        if decision is None:
-            return
-        control.should_save = True
-        control.should_training_stop = True
-        stop_control.consume()
-        record_stop(self.run, decision, state.global_step)
+        if self.run.stop_agreed(state.global_step):
+            control.should_save = True  # the Trainer writes the checkpoint in this same step
+            control.should_training_stop = True
 
     @guarded
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
-        if self._live() and logs:
+        if self.run.live() and logs:
             self.run.step_values(state.global_step, logs)
 
     # -- evaluate and save (timed by the Trainer wrappers when present) -------------------------
 
     @guarded
     def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._live() and self.run.open_phase("evaluate") is None:
+        if self.run.live() and self.run.open_phase("evaluate") is None:
             self.run.phase_begin("evaluate")
 
     @guarded
     def on_evaluate(
         self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any
     ) -> None:
-        if not self._live():
+        if not self.run.live():
             return
         phase = self.run.open_phase("evaluate")
         attrs = numeric_attributes(metrics or {})
@@ -156,13 +128,13 @@ class OtelGpuTrainerCallback(TrainerCallback):
     def on_predict(
         self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any
     ) -> None:
-        phase = self.run.open_phase("evaluate") if self._live() else None
+        phase = self.run.open_phase("evaluate") if self.run.live() else None
         if phase is not None and "evaluate" not in self.wrapped_phases:
             self.run.phase_end(phase, attributes=numeric_attributes(metrics or {}))
 
     @guarded
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if not self._live() or self.saved_step == state.global_step:
+        if not self.run.live() or self.saved_step == state.global_step:
             return
         # No wrapper timed the save: record it as a point in time with its path.
         path = checkpoint_path(args, state)

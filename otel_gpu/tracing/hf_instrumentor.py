@@ -13,28 +13,18 @@ Post-import hooks, so a process that never imports transformers pays nothing:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-import wrapt
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
-from opentelemetry.instrumentation.utils import unwrap
-
-from otel_gpu.tracing import context, progress
+from otel_gpu.tracing import progress
+from otel_gpu.tracing.lifecycle import FrameworkInstrumentor, Wrapper
 from otel_gpu.tracing.run import call_and_end, guarded
 from otel_gpu.tracing.settings import TracingSettings
 
 log = logging.getLogger("otel_gpu.tracing")
 
-_state: dict[str, Any] = {
-    "active": False,
-    "hooked": False,
-    "tracer_provider": None,
-    "settings": None,
-}
 
-
-class TransformersInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+class TransformersInstrumentor(FrameworkInstrumentor):
     """``opentelemetry_instrumentor`` entry point ``otel_gpu_transformers``.
 
     ``instrument(tracer_provider=..., settings=...)`` overrides the global tracer provider and
@@ -44,64 +34,30 @@ class TransformersInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def instrumentation_dependencies(self) -> Collection[str]:
         return ("transformers >= 4.42",)
 
-    def _instrument(self, **kwargs: Any) -> None:
-        if not context.traces_enabled():
+    def patches(self) -> Mapping[str, Mapping[str, Wrapper]]:
+        return {
+            "transformers.trainer_callback": {"CallbackHandler.__init__": self._handler_init},
+            "transformers.trainer": {
+                "Trainer.train": _train,
+                "Trainer.evaluate": _phase_wrapper("evaluate"),
+                "Trainer._save_checkpoint": _phase_wrapper("save_checkpoint"),
+            },
+        }
+
+    def _handler_init(
+        self, wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any
+    ) -> None:
+        wrapped(*args, **kwargs)
+        if _callback_of(instance) is not None:
             return
-        _state["tracer_provider"] = kwargs.get("tracer_provider")
-        _state["settings"] = kwargs.get("settings")
-        _state["active"] = True
-        if not _state["hooked"]:
-            _state["hooked"] = True
-            wrapt.register_post_import_hook(
-                _patch_callback_handler, "transformers.trainer_callback"
-            )
-            wrapt.register_post_import_hook(_patch_trainer, "transformers.trainer")
+        progress.expect_training()  # a Trainer exists: loading until train() begins
+        try:
+            from otel_gpu.tracing.hf_callback import OtelGpuTrainerCallback
 
-    def _uninstrument(self, **kwargs: Any) -> None:
-        _state["active"] = False
-        import sys
-
-        handler_module = sys.modules.get("transformers.trainer_callback")
-        if handler_module is not None:
-            unwrap(handler_module.CallbackHandler, "__init__")
-        trainer_module = sys.modules.get("transformers.trainer")
-        if trainer_module is not None:
-            for name in ("train", "evaluate", "_save_checkpoint"):
-                unwrap(trainer_module.Trainer, name)
-        # Hooks stay registered (wrapt cannot remove them); they re-patch only when active.
-        _state["patched_handler"] = _state["patched_trainer"] = False
-
-
-def _patch_callback_handler(module: Any) -> None:
-    if not _state["active"] or _state.get("patched_handler"):
-        return
-    _state["patched_handler"] = True
-    wrapt.wrap_function_wrapper(module, "CallbackHandler.__init__", _handler_init)
-
-
-def _patch_trainer(module: Any) -> None:
-    if not _state["active"] or _state.get("patched_trainer"):
-        return
-    _state["patched_trainer"] = True
-    wrapt.wrap_function_wrapper(module, "Trainer.train", _train)
-    wrapt.wrap_function_wrapper(module, "Trainer.evaluate", _phase_wrapper("evaluate"))
-    wrapt.wrap_function_wrapper(
-        module, "Trainer._save_checkpoint", _phase_wrapper("save_checkpoint")
-    )
-
-
-def _handler_init(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> None:
-    wrapped(*args, **kwargs)
-    if not _state["active"] or _callback_of(instance) is not None:
-        return
-    progress.expect_training()  # a Trainer exists: loading until train() begins
-    try:
-        from otel_gpu.tracing.hf_callback import OtelGpuTrainerCallback
-
-        settings = _state["settings"] or TracingSettings.load()
-        instance.callbacks.append(OtelGpuTrainerCallback(_state["tracer_provider"], settings))
-    except Exception as exc:  # never break the Trainer
-        log.warning("otel-gpu: Trainer callback not attached: %s", exc)
+            settings = self.settings or TracingSettings.load()
+            instance.callbacks.append(OtelGpuTrainerCallback(self.tracer_provider, settings))
+        except Exception as exc:  # never break the Trainer
+            log.warning("otel-gpu: Trainer callback not attached: %s", exc)
 
 
 def _callback_of(handler: Any) -> Any:
@@ -116,7 +72,7 @@ def _callback_of(handler: Any) -> Any:
 def _trainer_callback(trainer: Any) -> Any:
     handler = getattr(trainer, "callback_handler", None)
     cb = _callback_of(handler) if handler is not None else None
-    return cb if cb is not None and cb._live() else None
+    return cb if cb is not None and cb.run.live() else None
 
 
 def _train(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
@@ -131,7 +87,7 @@ def _train(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -
 def _finish_run(trainer: Any, error: BaseException) -> None:
     cb = _trainer_callback(trainer)
     if cb is not None:
-        cb.finish(error)
+        cb.run.train_end(error)
 
 
 def _phase_wrapper(name: str) -> Callable[..., Any]:

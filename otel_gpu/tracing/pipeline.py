@@ -40,6 +40,7 @@ from otel_gpu.config import Settings
 from otel_gpu.errors import UsageError
 from otel_gpu.redact_sdk import RedactingLogProcessor, redact_resource
 from otel_gpu.tracing import context, ids, progress
+from otel_gpu.tracing.control import request_stop
 
 log = logging.getLogger("otel_gpu.distro")
 
@@ -100,12 +101,14 @@ def build(role: str, auto_instrumentation_version: str | None = None) -> Setup:
     atexit.register(shutdown, setup)
     if role == context.NODE:
         from otel_gpu.agent import start_in_process
+        from otel_gpu.watchdog import InProcessTrainer
 
         # Under torchrun the parent is torchrun's agent, whose children are all local ranks:
         # watch that tree, so sibling ranks' host memory and CPU are covered too.
         # (TORCHELASTIC_RUN_ID is set by torchrun's agent; a stray LOCAL_RANK in a shell is not.)
         roots = [os.getppid()] if os.environ.get("TORCHELASTIC_RUN_ID") else None
-        setup.agent = start_in_process(meter_provider, agent_settings, roots)
+        trainer = InProcessTrainer(progress.current_phase, progress.current_step, request_stop)
+        setup.agent = start_in_process(meter_provider, agent_settings, roots, trainer)
     return setup
 
 

@@ -299,10 +299,8 @@ def call_and_end(
 
 def _set_job_span(span: Span | None) -> None:
     """Let the agent's alert actions add their events to this run's ``train`` span."""
-    try:
-        from otel_gpu.actions.span_event import set_job_span
-    except ImportError:
-        return
+    from otel_gpu.actions.span_event import set_job_span  # only once a run starts (launchers)
+
     set_job_span(span)
 
 
