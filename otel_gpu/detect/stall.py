@@ -13,15 +13,20 @@ No alarm:
   ``stall_startup_window_s``;
 - when memory is released or no process is left (the job finished);
 - when steps advance (a slow, input-bound job is working).
+
+A stall stays active (a Condition) until useful work resumes — activity lasting a smoothing
+time constant, or steps advancing again — or the job lets go of the GPU.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from otel_gpu.detect.config import DetectConfig
-from otel_gpu.detect.model import PHASE_EVALUATE, PHASE_LOAD, PHASE_SAVE, Point
+from otel_gpu.detect.detector import NO_ALERTS, Condition, duration, gb
+from otel_gpu.detect.model import PHASE_EVALUATE, PHASE_LOAD, PHASE_SAVE, STALL, Alert, Point
 
 _QUIET_PHASES = frozenset((PHASE_LOAD, PHASE_EVALUATE, PHASE_SAVE))
 _GIB = float(1 << 30)
@@ -168,6 +173,7 @@ class StallState:
             self.worked = False
             self.last_step = None
             self.step_interval = None
+            self.steps_alerted = False
             return None
 
         steps_moving = self._track_steps(t, p.step)
@@ -296,3 +302,59 @@ class StallState:
                 STEPS, self.step_changed, frozen, self.util_s, self.power_frac, p.used_bytes
             )
         return None
+
+
+class StallDetector:
+    """The stall detector of one subject (see the module docstring)."""
+
+    __slots__ = ("state", "since")
+
+    def __init__(self, cfg: DetectConfig) -> None:
+        self.state = StallState(cfg)
+        self.since = 0.0  # data time of the latest stall alert
+
+    @classmethod
+    def enabled(cls, cfg: DetectConfig) -> bool:
+        return cfg.stall_enabled
+
+    def observe(self, subject: str, point: Point) -> Sequence[Alert]:
+        found = self.state.observe(point)
+        if found is None:
+            return NO_ALERTS
+        self.since = point.time
+        return (stall_alert(subject, point, found),)
+
+    def conditions(self, now: float) -> Sequence[Condition]:
+        s = self.state
+        return (Condition(STALL, self.since),) if s.alerted or s.steps_alerted else ()
+
+
+def stall_alert(subject: str, p: Point, f: StallFinding) -> Alert:
+    """The alert for a stall that became certain at point ``p``."""
+    held = f" while holding {gb(f.used_bytes)}" if f.used_bytes else ""
+    dur = duration(f.duration_s)
+    if f.mode == SPIN:
+        power = f" at {f.power_fraction:.0%} power" if f.power_fraction is not None else ""
+        what = (
+            f"GPU busy-spinning (util {f.util or 0:.0%}){power} for {dur}{held}: hung collective?"
+        )
+    elif f.mode == STEPS:
+        step = f" at {p.step:g}" if p.step is not None else ""
+        what = f"training step stuck{step} for {dur}{held}"
+    else:
+        util = f" (util {f.util:.0%})" if f.util is not None else ""
+        what = f"GPU idle{util} for {dur}{held}"
+    evidence: dict[str, float | str] = {"mode": f.mode, "since": f.since}
+    if f.util is not None:
+        evidence["util"] = round(f.util, 4)
+    if f.power_fraction is not None:
+        evidence["power_fraction"] = round(f.power_fraction, 4)
+    return Alert(
+        kind=STALL,
+        subject=subject,
+        time=p.time,
+        severity="critical",
+        message=f"stalled: {what}",
+        window_s=f.duration_s,
+        evidence=evidence,
+    )

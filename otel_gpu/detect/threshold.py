@@ -1,12 +1,19 @@
-"""Threshold, hardware and anomaly detectors: simple rules with hysteresis, one alert per episode."""
+"""Threshold, hardware and anomaly detectors: simple rules with hysteresis, one alert per episode.
+
+A memory or temperature rule stays active (a Condition) until its value falls back past the
+hysteresis; an anomaly until the metric is back inside its band. Hardware errors are events:
+each increase alerts, and nothing stays active.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from otel_gpu.detect.config import DetectConfig
-from otel_gpu.detect.model import Point
+from otel_gpu.detect.detector import NO_ALERTS, Condition
+from otel_gpu.detect.model import ANOMALY, HARDWARE, THRESHOLD, Alert, Point
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,3 +170,79 @@ class AnomalyState:
             var = (1 - a) * (var + a * diff * diff)
             self.stats[name] = [count + 1, mean, var, alerted]
         return out
+
+
+class ThresholdDetector:
+    """Threshold and hardware rules of one subject."""
+
+    __slots__ = ("state", "since")
+
+    def __init__(self, cfg: DetectConfig) -> None:
+        self.state = ThresholdState(cfg)
+        self.since = 0.0  # data time of the latest threshold alert
+
+    @classmethod
+    def enabled(cls, cfg: DetectConfig) -> bool:
+        return cfg.threshold_enabled or cfg.hardware_enabled
+
+    def observe(self, subject: str, point: Point) -> Sequence[Alert]:
+        found = self.state.observe(point)
+        if not found:
+            return NO_ALERTS
+        alerts = [rule_alert(subject, point, f) for f in found]
+        if any(a.kind == THRESHOLD for a in alerts):
+            self.since = point.time
+        return alerts
+
+    def conditions(self, now: float) -> Sequence[Condition]:
+        s = self.state
+        return (Condition(THRESHOLD, self.since),) if s.mem_alerted or s.temp_alerted else ()
+
+
+class AnomalyDetector:
+    """EWMA bands of the metrics named in ``anomaly_metrics``, for one subject."""
+
+    __slots__ = ("state", "since")
+
+    def __init__(self, cfg: DetectConfig) -> None:
+        self.state = AnomalyState(cfg)
+        self.since = 0.0
+
+    @classmethod
+    def enabled(cls, cfg: DetectConfig) -> bool:
+        return bool(cfg.anomaly_metrics)
+
+    def observe(self, subject: str, point: Point) -> Sequence[Alert]:
+        found = self.state.observe(point)
+        if not found:
+            return NO_ALERTS
+        self.since = point.time
+        return [rule_alert(subject, point, f) for f in found]
+
+    def conditions(self, now: float) -> Sequence[Condition]:
+        outside = any(st[3] for st in self.state.stats.values())
+        return (Condition(ANOMALY, self.since),) if outside else ()
+
+
+def rule_alert(subject: str, p: Point, f: Finding) -> Alert:
+    """The alert for a rule that started holding at point ``p``."""
+    if f.kind in ("ecc", "xid"):
+        kind, severity = HARDWARE, "critical"
+    elif f.kind == "anomaly":
+        kind, severity = ANOMALY, "warning"
+    else:
+        kind = THRESHOLD
+        severity = "critical" if f.kind == "memory" else "warning"
+    evidence: dict[str, float | str] = {"rule": f.kind, "value": f.value}
+    if f.limit is not None:
+        evidence["limit"] = f.limit
+    if f.metric is not None:
+        evidence["metric"] = f.metric
+    return Alert(
+        kind=kind,
+        subject=subject,
+        time=p.time,
+        severity=severity,
+        message=f.message,
+        evidence=evidence,
+    )
