@@ -38,11 +38,12 @@ DETECTORS: tuple[type[Detector], ...] = (
 
 
 class _Subject:
-    __slots__ = ("last_time", "detectors")
+    __slots__ = ("last_time", "detectors", "observers")
 
     def __init__(self, detectors: list[Detector]) -> None:
         self.last_time = -math.inf
         self.detectors = detectors
+        self.observers = tuple(d.observe for d in detectors)  # bound once: called per point
 
 
 class Engine:
@@ -91,8 +92,8 @@ class Engine:
             point = _sanitized(point)
 
         alerts: list[Alert] = []
-        for detector in state.detectors:
-            found = detector.observe(subject, point)
+        for observe in state.observers:
+            found = observe(subject, point)
             if found:
                 alerts.extend(found)
         return alerts

@@ -56,9 +56,9 @@ _SKIP_PHASES = frozenset((PHASE_LOAD, PHASE_EVALUATE, PHASE_SAVE))
 _VETO_SPAN = 4.0
 
 
-class LeakState:
-    """Per-subject leak evidence. ``observe`` returns a finding when a leak starts; while the
-    leak is active, ``rate`` and ``exhaust_at`` follow the floor (see ``_track``)."""
+class LeakDetector:
+    """The leak evidence of one subject (a detector.Detector). ``observe`` alerts when a leak
+    starts; while it is active, ``rate`` and ``exhaust_at`` follow the floor (see ``_track``)."""
 
     __slots__ = (
         "cfg",
@@ -87,16 +87,27 @@ class LeakState:
         self.exhaust_at: float | None = None  # data time the limit is reached at that rate
         self.tracked = False  # the active leak was re-estimated at this point already
 
+    @classmethod
+    def enabled(cls, cfg: DetectConfig) -> bool:
+        return cfg.leak_enabled
+
+    def conditions(self, now: float) -> Sequence[Condition]:
+        if not self.active:
+            return ()
+        eta = None if self.exhaust_at is None else max(0.0, self.exhaust_at - now)
+        return (Condition(LEAK, self.since, self.rate, eta),)
+
     def reset(self) -> None:
         for level in self.levels:
             level.clear()
         self.active = False
         self.last_floor = None
 
-    def observe(self, p: Point) -> LeakFinding | None:
+    def observe(self, subject: str, p: Point) -> Sequence[Alert]:
+        """Feed one point; the leak alert when a leak starts here."""
         used = p.used_bytes
         if used is None:
-            return None
+            return NO_ALERTS
         if p.limit_bytes is not None and p.limit_bytes > 0:
             self.limit = p.limit_bytes
         if p.procs is not None:
@@ -106,15 +117,15 @@ class LeakState:
             self.last_procs = p.procs
             if p.procs == 0:
                 self.reset()
-                return None
+                return NO_ALERTS
         held = self.cfg.stall_min_held_bytes
         if used <= held:
             self.reset()  # released: job finished or restarted
-            return None
+            return NO_ALERTS
         if self.last_floor is not None and used < 0.5 * self.last_floor:
             self.reset()  # the floor halved: a restart or a different workload
         if p.phase in _SKIP_PHASES:
-            return None
+            return NO_ALERTS
 
         t = p.time
         levels = self.levels
@@ -128,7 +139,7 @@ class LeakState:
                 fine.cur_min = used
             fine.cur_tsum += t
             fine.cur_n += 1
-            return None
+            return NO_ALERTS
         closed = 0
         if fine.cur_n:
             # Close the finest bucket and carry it up while the coarser buckets end too.
@@ -159,8 +170,8 @@ class LeakState:
             best = self._refined(finding)
             self.since, self.rate = t, best.rate
             self.exhaust_at = None if best.eta_s is None else t + best.eta_s
-            return best
-        return None
+            return (leak_alert(subject, p, best),)
+        return NO_ALERTS
 
     def _refined(self, found: LeakFinding) -> LeakFinding:
         """The longest window that also shows a steady leak gives the best rate estimate."""
@@ -289,30 +300,6 @@ class LeakState:
                 if drawdown > min(rise, max(0.5 * rise, 6.0 * noise)):
                     return False
         return context
-
-
-class LeakDetector:
-    """The leak detector of one subject (see the module docstring)."""
-
-    __slots__ = ("state",)
-
-    def __init__(self, cfg: DetectConfig) -> None:
-        self.state = LeakState(cfg)
-
-    @classmethod
-    def enabled(cls, cfg: DetectConfig) -> bool:
-        return cfg.leak_enabled
-
-    def observe(self, subject: str, point: Point) -> Sequence[Alert]:
-        found = self.state.observe(point)
-        return NO_ALERTS if found is None else (leak_alert(subject, point, found),)
-
-    def conditions(self, now: float) -> Sequence[Condition]:
-        s = self.state
-        if not s.active:
-            return ()
-        eta = None if s.exhaust_at is None else max(0.0, s.exhaust_at - now)
-        return (Condition(LEAK, s.since, s.rate, eta),)
 
 
 def leak_alert(subject: str, p: Point, f: LeakFinding) -> Alert:

@@ -49,11 +49,12 @@ class StallFinding:
     used_bytes: float | None
 
 
-class StallState:
-    """Per-subject stall evidence (a handful of floats)."""
+class StallDetector:
+    """The stall evidence of one subject, a handful of floats (a detector.Detector)."""
 
     __slots__ = (
         "cfg",
+        "since",
         "last_t",
         "util_s",
         "power_s",
@@ -81,6 +82,7 @@ class StallState:
 
     def __init__(self, cfg: DetectConfig) -> None:
         self.cfg = cfg
+        self.since = 0.0  # data time of the latest stall alert
         self.last_t: float | None = None
         self.util_s: float | None = None
         self.power_s: float | None = None
@@ -105,6 +107,14 @@ class StallState:
         self.alpha_dt = 0.0  # the smoothing factor for this interval (0 s: factor 0)
         self.alpha = 0.0
 
+    @classmethod
+    def enabled(cls, cfg: DetectConfig) -> bool:
+        return cfg.stall_enabled
+
+    def conditions(self, now: float) -> Sequence[Condition]:
+        active = self.alerted or self.steps_alerted
+        return (Condition(STALL, self.since),) if active else ()
+
     def _smooth(self, prev: float | None, value: float, dt: float) -> float:
         if prev is None:
             return value
@@ -126,7 +136,8 @@ class StallState:
         adapted = min(cfg.stall_window_max_s, cfg.stall_adapt_factor * self.longest_recovered)
         return max(base, adapted)
 
-    def observe(self, p: Point) -> StallFinding | None:
+    def observe(self, subject: str, p: Point) -> Sequence[Alert]:
+        """Feed one point; the stall alert when a stall becomes certain here."""
         t = p.time
         if (
             p.util is None
@@ -143,7 +154,7 @@ class StallState:
             if p.phase != self.phase:
                 self.phase = p.phase
                 self.phase_since = t
-            return None
+            return NO_ALERTS
         cfg = self.cfg
         dt = 0.0 if self.last_t is None else max(0.0, t - self.last_t)
         self.last_t = t
@@ -174,7 +185,7 @@ class StallState:
             self.last_step = None
             self.step_interval = None
             self.steps_alerted = False
-            return None
+            return NO_ALERTS
 
         steps_moving = self._track_steps(t, p.step)
         mode = self._classify(p)
@@ -182,15 +193,15 @@ class StallState:
             # Sanctioned pause: not counted, and it does not stretch the window either.
             self.idle_since = None
             self.alerted = False
-            return None
+            return NO_ALERTS
         if steps_moving or self._steps_alive(t):
             # Steps advance at their usual pace: slow (input-bound) perhaps, but working.
             self.worked = True
             self._end_idle(t)
             self.raw_idle_since = None
-            return None
+            return NO_ALERTS
         if mode is None:
-            return self._stuck_steps(t, p)
+            return self._stuck_steps(subject, t, p)
         if mode == BUSY:
             self.worked = True
             if self.busy_since is None:
@@ -201,7 +212,7 @@ class StallState:
                 t - self.busy_since >= self.cfg.stall_smoothing_s and t > self.busy_since
             ):
                 self._end_idle(t)
-            return self._stuck_steps(t, p)
+            return self._stuck_steps(subject, t, p)
         self.busy_since = None
 
         # Idle or spinning while holding memory.
@@ -223,10 +234,11 @@ class StallState:
         duration = t - self.idle_since
         if not self.alerted and duration >= self.window():
             self.alerted = True
-            return StallFinding(
+            found = StallFinding(
                 mode, self.idle_since, duration, self.util_s, self.power_frac, p.used_bytes
             )
-        return self._stuck_steps(t, p)
+            return self._alert(subject, p, found)
+        return self._stuck_steps(subject, t, p)
 
     def _raw_mode(self, p: Point) -> str | None:
         cfg = self.cfg
@@ -290,43 +302,23 @@ class StallState:
             return False
         return t - self.step_changed <= 3 * self.step_interval
 
-    def _stuck_steps(self, t: float, p: Point) -> StallFinding | None:
+    def _alert(self, subject: str, p: Point, found: StallFinding) -> Sequence[Alert]:
+        self.since = p.time
+        return (stall_alert(subject, p, found),)
+
+    def _stuck_steps(self, subject: str, t: float, p: Point) -> Sequence[Alert]:
         """Steps reported and advancing before, now frozen far longer than usual."""
         if self.step_interval is None or self.step_changed is None or self.steps_alerted:
-            return None
+            return NO_ALERTS
         limit = max(self.window(), self.cfg.stall_step_factor * self.step_interval)
         frozen = t - self.step_changed
         if frozen >= limit:
             self.steps_alerted = True
-            return StallFinding(
+            found = StallFinding(
                 STEPS, self.step_changed, frozen, self.util_s, self.power_frac, p.used_bytes
             )
-        return None
-
-
-class StallDetector:
-    """The stall detector of one subject (see the module docstring)."""
-
-    __slots__ = ("state", "since")
-
-    def __init__(self, cfg: DetectConfig) -> None:
-        self.state = StallState(cfg)
-        self.since = 0.0  # data time of the latest stall alert
-
-    @classmethod
-    def enabled(cls, cfg: DetectConfig) -> bool:
-        return cfg.stall_enabled
-
-    def observe(self, subject: str, point: Point) -> Sequence[Alert]:
-        found = self.state.observe(point)
-        if found is None:
-            return NO_ALERTS
-        self.since = point.time
-        return (stall_alert(subject, point, found),)
-
-    def conditions(self, now: float) -> Sequence[Condition]:
-        s = self.state
-        return (Condition(STALL, self.since),) if s.alerted or s.steps_alerted else ()
+            return self._alert(subject, p, found)
+        return NO_ALERTS
 
 
 def stall_alert(subject: str, p: Point, f: StallFinding) -> Alert:

@@ -27,28 +27,38 @@ class Finding:
     metric: str | None = None
 
 
-class ThresholdState:
-    """Memory utilization high and rising; temperature high; ECC and Xid counters increasing."""
+class ThresholdDetector:
+    """Memory utilization high and rising; temperature high; ECC and Xid counters increasing
+    (one subject's rules, a detector.Detector)."""
 
-    __slots__ = ("cfg", "mem_base", "mem_alerted", "temp_alerted", "ecc", "xid")
+    __slots__ = ("cfg", "mem_base", "mem_alerted", "temp_alerted", "ecc", "xid", "since")
 
     def __init__(self, cfg: DetectConfig) -> None:
         self.cfg = cfg
+        self.since = 0.0  # data time of the latest threshold alert
         self.mem_base: float | None = None  # lowest usage since crossing the limit
         self.mem_alerted = False
         self.temp_alerted = False
         self.ecc: float | None = None
         self.xid: float | None = None
 
-    def observe(self, p: Point) -> list[Finding]:
-        out: list[Finding] = []
+    @classmethod
+    def enabled(cls, cfg: DetectConfig) -> bool:
+        return cfg.threshold_enabled or cfg.hardware_enabled
+
+    def conditions(self, now: float) -> Sequence[Condition]:
+        active = self.mem_alerted or self.temp_alerted
+        return (Condition(THRESHOLD, self.since),) if active else ()
+
+    def observe(self, subject: str, p: Point) -> Sequence[Alert]:
         if (
             p.limit_bytes is None
             and p.temperature_c is None
             and p.ecc_uncorrected is None
             and p.xid_errors is None
         ):
-            return out  # nothing any rule here reads (a process's memory without its limit)
+            return NO_ALERTS  # nothing any rule here reads (a process's memory without its limit)
+        out: list[Finding] = []
         cfg = self.cfg
         if cfg.threshold_enabled:
             mem = self._memory(p)
@@ -66,7 +76,12 @@ class ThresholdState:
             self.xid, xid = _counter(self.xid, p.xid_errors)
             if xid:
                 out.append(Finding("xid", f"{xid:g} new Xid error(s)", p.xid_errors or 0))
-        return out
+        if not out:
+            return NO_ALERTS
+        alerts = [rule_alert(subject, p, f) for f in out]
+        if any(a.kind == THRESHOLD for a in alerts):
+            self.since = p.time
+        return alerts
 
     def _memory(self, p: Point) -> Finding | None:
         used, limit = p.used_bytes, p.limit_bytes
@@ -121,17 +136,27 @@ def _counter(prev: float | None, value: float | None) -> tuple[float | None, flo
     return value, value - prev
 
 
-class AnomalyState:
-    """EWMA mean and variance per configured metric; alert leaving the mean +- k sigma band."""
+class AnomalyDetector:
+    """EWMA mean and variance per configured metric (``anomaly_metrics``); alert leaving the
+    mean +- k sigma band (one subject's, a detector.Detector)."""
 
-    __slots__ = ("cfg", "stats")
+    __slots__ = ("cfg", "stats", "since")
 
     def __init__(self, cfg: DetectConfig) -> None:
         self.cfg = cfg
         # metric -> [count, mean, variance, alerted(0/1)]
         self.stats: dict[str, list[float]] = {}
+        self.since = 0.0
 
-    def observe(self, p: Point) -> list[Finding]:
+    @classmethod
+    def enabled(cls, cfg: DetectConfig) -> bool:
+        return bool(cfg.anomaly_metrics)
+
+    def conditions(self, now: float) -> Sequence[Condition]:
+        outside = any(st[3] for st in self.stats.values())
+        return (Condition(ANOMALY, self.since),) if outside else ()
+
+    def observe(self, subject: str, p: Point) -> Sequence[Alert]:
         cfg = self.cfg
         out: list[Finding] = []
         for name in cfg.anomaly_metrics:
@@ -169,59 +194,10 @@ class AnomalyState:
             mean += a * diff
             var = (1 - a) * (var + a * diff * diff)
             self.stats[name] = [count + 1, mean, var, alerted]
-        return out
-
-
-class ThresholdDetector:
-    """Threshold and hardware rules of one subject."""
-
-    __slots__ = ("state", "since")
-
-    def __init__(self, cfg: DetectConfig) -> None:
-        self.state = ThresholdState(cfg)
-        self.since = 0.0  # data time of the latest threshold alert
-
-    @classmethod
-    def enabled(cls, cfg: DetectConfig) -> bool:
-        return cfg.threshold_enabled or cfg.hardware_enabled
-
-    def observe(self, subject: str, point: Point) -> Sequence[Alert]:
-        found = self.state.observe(point)
-        if not found:
+        if not out:
             return NO_ALERTS
-        alerts = [rule_alert(subject, point, f) for f in found]
-        if any(a.kind == THRESHOLD for a in alerts):
-            self.since = point.time
-        return alerts
-
-    def conditions(self, now: float) -> Sequence[Condition]:
-        s = self.state
-        return (Condition(THRESHOLD, self.since),) if s.mem_alerted or s.temp_alerted else ()
-
-
-class AnomalyDetector:
-    """EWMA bands of the metrics named in ``anomaly_metrics``, for one subject."""
-
-    __slots__ = ("state", "since")
-
-    def __init__(self, cfg: DetectConfig) -> None:
-        self.state = AnomalyState(cfg)
-        self.since = 0.0
-
-    @classmethod
-    def enabled(cls, cfg: DetectConfig) -> bool:
-        return bool(cfg.anomaly_metrics)
-
-    def observe(self, subject: str, point: Point) -> Sequence[Alert]:
-        found = self.state.observe(point)
-        if not found:
-            return NO_ALERTS
-        self.since = point.time
-        return [rule_alert(subject, point, f) for f in found]
-
-    def conditions(self, now: float) -> Sequence[Condition]:
-        outside = any(st[3] for st in self.state.stats.values())
-        return (Condition(ANOMALY, self.since),) if outside else ()
+        self.since = p.time
+        return [rule_alert(subject, p, f) for f in out]
 
 
 def rule_alert(subject: str, p: Point, f: Finding) -> Alert:
