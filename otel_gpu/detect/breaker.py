@@ -234,7 +234,7 @@ class Breaker:
         s.last_time = now
         cfg = self.config
         out: list[Transition] = []
-        holding: set[str] = set()
+        holding: Collection[str] = ()
         if s.state != CLOSED and active is not None:
             holding = s.held.intersection(active(subject))
             if holding:

@@ -101,6 +101,8 @@ class Detection:
         }
         self._alert_counts: dict[tuple[str, str], int] = store.alert_counts()
         self._watched = WatchedSubjects(config.max_series, config.series_ttl_s)
+        self._agent_subjects = self._watched.seen  # checked on every point
+        self._active_kinds = engine.active_kinds  # bound once: passed on every point
 
     # -- ingestion ---------------------------------------------------------------------------
 
@@ -149,7 +151,7 @@ class Detection:
 
     def _on_point(self, subject: Subject, point: Point) -> None:
         name = subject.name
-        if name in self._watched:
+        if name in self._agent_subjects:
             return
         self._stats.evaluated += 1
         try:
@@ -165,7 +167,7 @@ class Detection:
             for t in self.breaker.record_alert(a):
                 self._transitions.append((subject, t))
         # After the alerts, so a condition that returns during probation re-opens with its alert.
-        for t in self.breaker.advance(name, point.time, self.engine.active_kinds):
+        for t in self.breaker.advance(name, point.time, self._active_kinds):
             self._transitions.append((subject, t))
 
     def _publish(self, now: float) -> None:

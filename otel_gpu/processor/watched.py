@@ -33,15 +33,17 @@ class WatchedSubjects:
     def __init__(self, max_subjects: int, ttl_s: float) -> None:
         self._max = max_subjects
         self._ttl = ttl_s
-        self._seen: dict[str, float] = {}  # subject name -> wall time of the latest point
+        # subject name -> wall time of the latest point; callers may test membership on it
+        # directly (a dict lookup per point, no method call)
+        self.seen: dict[str, float] = {}
         self._resources: dict[bytes, ResourceInfo] = {}
         self._names: dict[tuple[str, bytes], str | None] = {}  # (reporter, attributes) -> name
 
     def __contains__(self, name: object) -> bool:
-        return name in self._seen
+        return name in self.seen
 
     def __len__(self) -> int:
-        return len(self._seen)
+        return len(self.seen)
 
     def note(self, raw: bytes, now: float) -> list[str]:
         """Read the agents' breaker points of one metrics request; returns newly watched names.
@@ -64,18 +66,18 @@ class WatchedSubjects:
                     if res is None:
                         res = self._resource(rm.resource)
                     for name in self._points(res, metric.gauge):
-                        if name not in self._seen:
-                            if len(self._seen) >= self._max:
+                        if name not in self.seen:
+                            if len(self.seen) >= self._max:
                                 continue
                             new.append(name)
-                        self._seen[name] = now
+                        self.seen[name] = now
         return new
 
     def expire(self, now: float) -> None:
         """Release subjects whose agent has not vouched for them for ``ttl_s``."""
         cutoff = now - self._ttl
-        for name in [n for n, t in self._seen.items() if t < cutoff]:
-            del self._seen[name]
+        for name in [n for n, t in self.seen.items() if t < cutoff]:
+            del self.seen[name]
 
     def _resource(self, raw: bytes) -> ResourceInfo:
         res = self._resources.get(raw)
