@@ -103,6 +103,17 @@ class Detection:
         self._watched = WatchedSubjects(config.max_series, config.series_ttl_s)
         self._agent_subjects = self._watched.seen  # checked on every point
         self._active_kinds = engine.active_kinds  # bound once: passed on every point
+        # The engine's evidence does not survive a restart, but a restored breaker may have been
+        # held open by an active condition. It stays held until the engine has had the data
+        # time to judge that condition again (a persisting leak or stall is re-alerted within
+        # it), so a restart never reads as "resolved". subject -> (kinds, first data time).
+        cfg = engine.config
+        self._rejudge_s = max(3 * cfg.leak_min_window_s, 2 * cfg.stall_window_max_s)
+        self._restored: dict[str, tuple[frozenset[str], float | None]] = {
+            name: (frozenset(d.get("held", ())), None)
+            for name, d in breaker.export_state().get("subjects", {}).items()
+            if d.get("state") != "closed" and d.get("held") and d.get("clear_since", 0) is None
+        }
 
     # -- ingestion ---------------------------------------------------------------------------
 
@@ -167,8 +178,24 @@ class Detection:
             for t in self.breaker.record_alert(a):
                 self._transitions.append((subject, t))
         # After the alerts, so a condition that returns during probation re-opens with its alert.
-        for t in self.breaker.advance(name, point.time, self._active_kinds):
+        active: Callable[[str], frozenset[str]] = self._active_kinds
+        if self._restored and name in self._restored:
+            active = self._restored_kinds(name, point.time)
+        for t in self.breaker.advance(name, point.time, active):
             self._transitions.append((subject, t))
+
+    def _restored_kinds(self, name: str, now: float) -> Callable[[str], frozenset[str]]:
+        """Conditions of a subject restored from the store: those that held its breaker, until
+        the engine reports its own or has had ``_rejudge_s`` of data to do so."""
+        kinds, since = self._restored[name]
+        if since is None:
+            since = now
+            self._restored[name] = (kinds, since)
+        own = self.engine.active_kinds(name)
+        if own or now - since >= self._rejudge_s:
+            del self._restored[name]
+            return lambda _name: own
+        return lambda _name: kinds
 
     def _publish(self, now: float) -> None:
         """Persist, act on and send the events of the last request (under the lock)."""
