@@ -119,6 +119,12 @@ class _NullEngine:
     def observe(self, subject, point):  # type: ignore[no-untyped-def]
         return []
 
+    def active_kinds(self, subject):  # type: ignore[no-untyped-def]
+        return frozenset()
+
+    def conditions(self, subject):  # type: ignore[no-untyped-def]
+        return []
+
     def forget(self, subject):  # type: ignore[no-untyped-def]
         pass
 

@@ -5,6 +5,10 @@ Runs on the sampler thread after each sweep (never on the job's threads). Subjec
 * ``gpu:<uuid>`` — a device's memory, utilization, power, temperature, errors;
 * ``process:<pid>@<uuid>`` — one process's memory on one GPU;
 * ``rss:<pid>`` — a watched process's host RSS.
+
+Their outputs carry the identity attributes of :mod:`otel_gpu.detect.subject`, the same ones
+the processor gives the same subjects, so that a processor downstream recognises the subjects
+this agent already watches (from ``otel_gpu.breaker.state``) and leaves them to it.
 """
 
 from __future__ import annotations
@@ -20,7 +24,15 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from otel_gpu.actions.stop import start_ticks as read_start_ticks
 from otel_gpu.detect.breaker import CLOSED, HALF_OPEN, OPEN, Breaker, BreakerConfig, Transition
 from otel_gpu.detect.engine import DetectConfig, Engine
-from otel_gpu.detect.model import Alert, Point
+from otel_gpu.detect.model import LEAK, Alert, Point
+from otel_gpu.detect.subject import (
+    GPU,
+    PROCESS_GPU,
+    PROCESS_RSS,
+    SUBJECT_NAME,
+    local_name,
+    subject_attributes,
+)
 from otel_gpu.sampling.snapshot import Snapshot
 
 log = logging.getLogger("otel_gpu.watchdog")
@@ -45,7 +57,7 @@ def snapshot_points(
         if g.status != "ok":
             continue
         yield (
-            f"gpu:{g.uuid}",
+            local_name(GPU, g.uuid, None),
             Point(
                 time=snap.time,
                 used_bytes=g.memory_used,
@@ -61,29 +73,29 @@ def snapshot_points(
                 ecc_uncorrected=g.ecc_uncorrected,
                 xid_errors=g.xid_errors,
             ),
-            {"hw.id": g.uuid},
+            dict(subject_attributes(GPU, g.uuid, None)),
         )
     for gp in snap.gpu_processes:
         if gp.used_memory is None:
             continue
         yield (
-            f"process:{gp.pid}@{gp.gpu_uuid}",
+            local_name(PROCESS_GPU, gp.gpu_uuid, gp.pid),
             Point(
                 time=snap.time,
                 used_bytes=gp.used_memory,
                 limit_bytes=limits.get(gp.gpu_uuid),
                 phase=phase,
             ),
-            {"process.pid": gp.pid, "hw.id": gp.gpu_uuid},
+            dict(subject_attributes(PROCESS_GPU, gp.gpu_uuid, gp.pid)),
         )
     for p in snap.processes:
         if p.in_tree and p.memory_rss is not None:
             yield (
-                f"rss:{p.pid}",
+                local_name(PROCESS_RSS, None, p.pid),
                 Point(
                     time=snap.time, used_bytes=p.memory_rss, limit_bytes=host_memory, phase=phase
                 ),
-                {"process.pid": p.pid},
+                dict(subject_attributes(PROCESS_RSS, None, p.pid)),
             )
 
 
@@ -123,7 +135,9 @@ class Watchdog:
         self._host_memory = host_memory
         self._lock = threading.Lock()  # guards the output tables read by OTel callbacks
         self._attrs: dict[str, dict[str, Any]] = {}
-        self._leak: dict[str, tuple[float, float | None]] = {}  # subject -> (rate, eta)
+        # subject -> (rate, eta) of its active leak, re-read from the engine after each sweep
+        self._leak: dict[str, tuple[float, float | None]] = {}
+        self._leaking: set[str] = set()  # subjects that raised a leak alert (conditions to read)
         self._alert_counts: dict[tuple[str, str], int] = {}
         self._absent: dict[str, int] = {}
         self._states: dict[str, str] = {}  # breaker state per subject, copied for callbacks
@@ -187,13 +201,27 @@ class Watchdog:
                 self._on_alert(alert)
                 transitions.extend(self.breaker.record_alert(alert))
         self._forget_absent(seen)
-        transitions.extend(self.breaker.advance_all(snap.time))
+        transitions.extend(self.breaker.advance_all(snap.time, self.engine.active_kinds))
         for t in transitions:
             self._on_transition(t)
+        leaks = self._live_leaks()
         with self._lock:
+            self._leak = leaks
             self._states = {s: self.breaker.state(s) for s in self._attrs}
         for listener in self.sweep_listeners:
             listener(snap, judged)
+
+    def _live_leaks(self) -> dict[str, tuple[float, float | None]]:
+        """The current rate and time to exhaustion of every active leak (a leak is only active
+        after its alert, so only subjects that raised one are asked)."""
+        out: dict[str, tuple[float, float | None]] = {}
+        for subject in list(self._leaking):
+            leak = [c for c in self.engine.conditions(subject) if c.kind == LEAK]
+            if not leak or leak[0].rate_bytes_per_s is None:
+                self._leaking.discard(subject)
+                continue
+            out[subject] = (leak[0].rate_bytes_per_s, leak[0].eta_s)
+        return out
 
     def _update_trainers(self, snap: Snapshot) -> None:
         """Trainers = the watched processes that hold GPU memory; never a launcher above them
@@ -222,18 +250,15 @@ class Watchdog:
         with self._lock:
             key = (alert.subject, alert.kind)
             self._alert_counts[key] = self._alert_counts.get(key, 0) + 1
-            if alert.kind == "leak" and alert.rate_bytes_per_s is not None:
-                self._leak[alert.subject] = (alert.rate_bytes_per_s, alert.eta_s)
             self.alerts = [*self.alerts[-49:], alert]
+        if alert.kind == LEAK:
+            self._leaking.add(alert.subject)
         for listener in self.alert_listeners:
             listener(alert)
 
     def _on_transition(self, t: Transition) -> None:
         if self.dispatcher is not None:
             self.dispatcher.on_transition(t)
-        if t.to_state == CLOSED:
-            with self._lock:
-                self._leak.pop(t.subject, None)
         for listener in self.transition_listeners:
             listener(t)
 
@@ -251,6 +276,7 @@ class Watchdog:
                 self.engine.forget(subject)
                 self.breaker.forget(subject)
                 self._absent.pop(subject, None)
+                self._leaking.discard(subject)
                 with self._lock:
                     self._attrs.pop(subject, None)
                     self._leak.pop(subject, None)
@@ -287,17 +313,12 @@ class Watchdog:
 
     def _observe_leak_rate(self, _options: CallbackOptions) -> list[Observation]:
         with self._lock:
-            return [
-                Observation(
-                    rate, self._attrs.get(s, {"otel_gpu.subject": s}) | {"otel_gpu.subject": s}
-                )
-                for s, (rate, _eta) in self._leak.items()
-            ]
+            return [Observation(rate, self._attrs_of(s)) for s, (rate, _eta) in self._leak.items()]
 
     def _observe_eta(self, _options: CallbackOptions) -> list[Observation]:
         with self._lock:
             return [
-                Observation(eta, self._attrs.get(s, {}) | {"otel_gpu.subject": s})
+                Observation(eta, self._attrs_of(s))
                 for s, (_rate, eta) in self._leak.items()
                 if eta is not None
             ]
@@ -305,20 +326,20 @@ class Watchdog:
     def _observe_breaker(self, _options: CallbackOptions) -> list[Observation]:
         with self._lock:
             return [
-                Observation(
-                    BREAKER_CODES.get(state, 0), self._attrs.get(s, {}) | {"otel_gpu.subject": s}
-                )
+                Observation(BREAKER_CODES.get(state, 0), self._attrs_of(s))
                 for s, state in self._states.items()
             ]
 
     def _observe_alerts(self, _options: CallbackOptions) -> list[Observation]:
         with self._lock:
             return [
-                Observation(
-                    n, self._attrs.get(s, {}) | {"otel_gpu.subject": s, "otel_gpu.alert.kind": k}
-                )
+                Observation(n, self._attrs_of(s) | {"otel_gpu.alert.kind": k})
                 for (s, k), n in self._alert_counts.items()
             ]
+
+    def _attrs_of(self, subject: str) -> dict[str, Any]:
+        """A subject's identity attributes (under the lock)."""
+        return self._attrs.get(subject) or {SUBJECT_NAME: subject}
 
     def close(self, timeout_s: float = 5.0) -> None:
         if self.dispatcher is not None:

@@ -255,3 +255,31 @@ def test_phase_step_and_torch_bytes_of_a_trainer_reach_the_job_gpus():
     assert torch_point.used_bytes == 5 * GIB and torch_point.phase == "evaluate"
     assert torch_subject.name.endswith(f"process.pid=77 torch gpu {gpu_uuid(0)}")
     assert ("hw.id", gpu_uuid(0)) in torch_subject.attrs
+
+
+def test_a_restart_does_not_resolve_a_leak_that_is_still_going(tmp_path):
+    """The engine's evidence dies with the process, the breaker survives in the store: a
+    breaker held open by a leak stays open after a restart while the leak goes on (it is not
+    probed and closed as if the leak had stopped)."""
+    db = str(tmp_path / "state.db")
+    cfg = ProcessorConfig(listen="127.0.0.1:0", state_path=db)
+    bcfg = BreakerConfig(cooldown_s=600, probation_s=300)
+    t0 = time.time() - 6 * 3600
+    store = StateStore(db)
+    det = Detection(cfg, Engine(), Breaker(bcfg), store, None, lambda m, b: None)
+    for raw in leak_requests(900, start_s=t0):  # 3.75 h of a leak
+        det.ingest_metrics(raw)
+    det.tick(final=True)
+    opened = {s for s in det.breaker.subjects() if det.breaker.state(s) == OPEN}
+    assert opened
+    store.close()
+
+    again = StateStore(db)
+    restored = Breaker.from_state(again.load_breaker() or {}, bcfg)
+    det = Detection(cfg, Engine(), restored, again, None, lambda m, b: None)
+    for raw in leak_requests(480, start_s=t0, first=900):  # 2 h more, still leaking
+        det.ingest_metrics(raw)
+    det.tick(final=True)
+    assert {s for s in opened if det.breaker.state(s) == OPEN} == opened
+    assert [r["to_state"] for r in again.history("transitions")] == [OPEN] * len(opened)
+    again.close()

@@ -1,7 +1,15 @@
 """Circuit breaker per subject: the moments actions fire.
 
-CLOSED --(alerts_to_open alerts within window_s)--> OPEN --(cooldown_s)--> HALF_OPEN
-HALF_OPEN --(probation_s without an alert)--> CLOSED;  HALF_OPEN --(any alert)--> OPEN.
+CLOSED --(alerts_to_open alerts within window_s)--> OPEN
+OPEN --(cooldown_s over, and every condition that opened it cleared)--> HALF_OPEN
+HALF_OPEN --(probation_s without an alert or an active condition)--> CLOSED ("resolved")
+HALF_OPEN --(any alert, or a condition that opened it active again)--> OPEN
+
+Conditions come from the detection engine (``Engine.active_kinds``): the alert kinds whose
+problem still holds for a subject. The breaker remembers the kinds that opened it in this
+episode and never leaves OPEN, let alone closes, while one of them is active; probation starts
+once they cleared (a leak's floor stopped rising, a stalled job works again). Callers that do
+not pass conditions get the plain time-driven breaker.
 
 Pure and driven by the data's own time: every method takes the time from its arguments (an
 alert's ``time`` or ``now``), never from a clock, so replayed and live data give the same
@@ -14,7 +22,7 @@ from __future__ import annotations
 import math
 import os
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -120,6 +128,14 @@ class _Subject:
     episode: int = 0
     alert_times: deque[float] = field(default_factory=deque)  # recent alerts while CLOSED
     last_alert: Alert | None = None
+    held: set[str] = field(default_factory=set)  # alert kinds that opened this episode
+    # Data time from which no held condition was active; None while one is. Presumed clear
+    # from the opening alert until conditions are reported (a hardware error is an event).
+    clear_since: float | None = None
+
+
+# The conditions of a subject: subject -> alert kinds active now.
+ActiveKinds = Callable[[str], Collection[str]]
 
 
 class Breaker:
@@ -170,48 +186,83 @@ class Breaker:
                     f"{alert.subject}: opened on {count} {alert.kind} alert"
                     f"{'s' if count != 1 else ''}{window}: {alert.message}"
                 )
+                s.held = {alert.kind}
+                s.clear_since = t
                 out.append(self._move(alert.subject, s, OPEN, t, reason, alert))
         elif s.state == HALF_OPEN:
             reason = (
                 f"{alert.subject}: re-opened, {alert.kind} alert during probation: {alert.message}"
             )
+            s.held.add(alert.kind)
+            s.clear_since = t
             out.append(self._move(alert.subject, s, OPEN, t, reason, alert))
-        # While OPEN an alert changes nothing: the episode is already being acted on.
+        else:
+            # While OPEN an alert notifies nobody (the episode is already being acted on), but
+            # its condition now holds the breaker open too.
+            s.held.add(alert.kind)
         return out
 
     def forget(self, subject: str) -> None:
         """Drop a subject's state (e.g. its process is gone); it starts CLOSED if seen again."""
         self._subjects.pop(subject, None)
 
-    def advance(self, subject: str, now: float) -> list[Transition]:
-        """Let data time pass to ``now`` for one subject; returns the time-driven transitions."""
+    def advance(
+        self, subject: str, now: float, active: ActiveKinds | None = None
+    ) -> list[Transition]:
+        """Let data time pass to ``now`` for one subject; returns the transitions that brings.
+
+        ``active(subject)`` names the alert kinds whose condition holds at ``now`` (it is only
+        asked while the breaker is not CLOSED); without it the breaker is driven by time alone.
+        """
         s = self._subjects.get(subject)
         if s is None:
             return []
-        return self._advance(subject, s, now)
+        return self._advance(subject, s, now, active)
 
-    def advance_all(self, now: float) -> list[Transition]:
-        """Let data time pass to ``now`` for every subject."""
+    def advance_all(self, now: float, active: ActiveKinds | None = None) -> list[Transition]:
+        """Let data time pass to ``now`` for every subject (``active`` as in :meth:`advance`)."""
         out: list[Transition] = []
         for subject, s in self._subjects.items():
-            out.extend(self._advance(subject, s, now))
+            out.extend(self._advance(subject, s, now, active))
         return out
 
-    def _advance(self, subject: str, s: _Subject, now: float) -> list[Transition]:
-        if not now > s.last_time:  # also rejects NaN
+    def _advance(
+        self, subject: str, s: _Subject, now: float, active: ActiveKinds | None = None
+    ) -> list[Transition]:
+        if not now >= s.last_time:  # also rejects NaN
             return []
         s.last_time = now
         cfg = self.config
         out: list[Transition] = []
+        holding: Collection[str] = ()
+        if s.state != CLOSED and active is not None:
+            holding = s.held.intersection(active(subject))
+            if holding:
+                s.clear_since = None
+            elif s.clear_since is None:
+                s.clear_since = now
         # Transitions carry the time they became due, not `now`, so a late tick reports the
         # same times as a punctual one.
-        if s.state == OPEN and now >= s.since + cfg.cooldown_s:
-            at = s.since + cfg.cooldown_s
-            reason = f"{subject}: cool-down of {_fmt_s(cfg.cooldown_s)} over, probing for {_fmt_s(cfg.probation_s)}"
-            out.append(self._move(subject, s, HALF_OPEN, at, reason, None))
-        if s.state == HALF_OPEN and now >= s.since + cfg.probation_s:
+        if s.state == OPEN and s.clear_since is not None:
+            at = max(s.since + cfg.cooldown_s, s.clear_since)
+            if now >= at:
+                what = _kinds(s.held)
+                reason = (
+                    f"{subject}: {what} cleared and cool-down of {_fmt_s(cfg.cooldown_s)} over, "
+                    f"probing for {_fmt_s(cfg.probation_s)}"
+                )
+                out.append(self._move(subject, s, HALF_OPEN, at, reason, None))
+        if s.state == HALF_OPEN and holding:
+            reason = f"{subject}: re-opened, {_kinds(holding)} active again during probation"
+            s.clear_since = None
+            out.append(self._move(subject, s, OPEN, now, reason, None))
+        elif s.state == HALF_OPEN and now >= s.since + cfg.probation_s:
             at = s.since + cfg.probation_s
-            reason = f"{subject}: no alert for {_fmt_s(cfg.probation_s)} of probation, closed"
+            reason = (
+                f"{subject}: resolved, no alert and no active {_kinds(s.held)} for "
+                f"{_fmt_s(cfg.probation_s)} of probation"
+            )
+            s.held = set()
             out.append(self._move(subject, s, CLOSED, at, reason, None))
         if s.state == CLOSED:
             _prune(s.alert_times, now - cfg.window_s)
@@ -237,6 +288,8 @@ class Breaker:
                 "episode": s.episode,
                 "alert_times": list(s.alert_times),
                 "last_alert": None if s.last_alert is None else asdict(s.last_alert),
+                "held": sorted(s.held),
+                "clear_since": s.clear_since,
             }
         return {"version": _STATE_VERSION, "subjects": subjects}
 
@@ -258,6 +311,8 @@ class Breaker:
                     episode=int(d["episode"]),
                     alert_times=deque(float(x) for x in d["alert_times"]),
                     last_alert=None if alert is None else Alert(**alert),
+                    held={str(k) for k in d.get("held", ())},
+                    clear_since=_clear_since_in(d),
                 )
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise ValueError(f"invalid breaker state: {e}") from None
@@ -276,6 +331,20 @@ def _num_out(x: float) -> float | None:
 
 def _num_in(x: Any) -> float:
     return -math.inf if x is None else float(x)
+
+
+def _clear_since_in(d: Mapping[str, Any]) -> float | None:
+    if "clear_since" not in d:
+        return _num_in(d["since"])  # written before conditions existed: presumed clear
+    raw = d["clear_since"]
+    return None if raw is None else float(raw)
+
+
+def _kinds(kinds: Collection[str]) -> str:
+    names = sorted(kinds)
+    if not names:
+        return "condition"
+    return " and ".join(names) + (" conditions" if len(names) > 1 else " condition")
 
 
 def _fmt_s(seconds: float) -> str:

@@ -13,15 +13,20 @@ No alarm:
   ``stall_startup_window_s``;
 - when memory is released or no process is left (the job finished);
 - when steps advance (a slow, input-bound job is working).
+
+A stall stays active (a Condition) until useful work resumes — activity lasting a smoothing
+time constant, or steps advancing again — or the job lets go of the GPU.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from otel_gpu.detect.config import DetectConfig
-from otel_gpu.detect.model import PHASE_EVALUATE, PHASE_LOAD, PHASE_SAVE, Point
+from otel_gpu.detect.detector import NO_ALERTS, Condition, duration, gb
+from otel_gpu.detect.model import PHASE_EVALUATE, PHASE_LOAD, PHASE_SAVE, STALL, Alert, Point
 
 _QUIET_PHASES = frozenset((PHASE_LOAD, PHASE_EVALUATE, PHASE_SAVE))
 _GIB = float(1 << 30)
@@ -44,11 +49,12 @@ class StallFinding:
     used_bytes: float | None
 
 
-class StallState:
-    """Per-subject stall evidence (a handful of floats)."""
+class StallDetector:
+    """The stall evidence of one subject, a handful of floats (a detector.Detector)."""
 
     __slots__ = (
         "cfg",
+        "since",
         "last_t",
         "util_s",
         "power_s",
@@ -75,6 +81,7 @@ class StallState:
 
     def __init__(self, cfg: DetectConfig) -> None:
         self.cfg = cfg
+        self.since = 0.0  # data time of the latest stall alert
         self.last_t: float | None = None
         self.util_s: float | None = None
         self.power_s: float | None = None
@@ -98,6 +105,14 @@ class StallState:
         self.alpha_dt = 0.0  # the smoothing factor for this interval (0 s: factor 0)
         self.alpha = 0.0
 
+    @classmethod
+    def enabled(cls, cfg: DetectConfig) -> bool:
+        return cfg.stall_enabled
+
+    def conditions(self, now: float) -> Sequence[Condition]:
+        active = self.alerted or self.steps_alerted
+        return (Condition(STALL, self.since),) if active else ()
+
     def _smooth(self, prev: float | None, value: float, dt: float) -> float:
         if prev is None:
             return value
@@ -119,7 +134,8 @@ class StallState:
         adapted = min(cfg.stall_window_max_s, cfg.stall_adapt_factor * self.longest_recovered)
         return max(base, adapted)
 
-    def observe(self, p: Point) -> StallFinding | None:
+    def observe(self, subject: str, p: Point) -> Sequence[Alert]:
+        """Feed one point; the stall alert when a stall becomes certain here."""
         t = p.time
         if (
             p.util is None
@@ -136,7 +152,7 @@ class StallState:
             if p.phase != self.phase:
                 self.phase = p.phase
                 self.phase_since = t
-            return None
+            return NO_ALERTS
         cfg = self.cfg
         dt = 0.0 if self.last_t is None else max(0.0, t - self.last_t)
         self.last_t = t
@@ -166,7 +182,8 @@ class StallState:
             self.worked = False
             self.last_step = None
             self.step_interval = None
-            return None
+            self.steps_alerted = False
+            return NO_ALERTS
 
         steps_moving = self._track_steps(t, p.step)
         mode = self._classify(p)
@@ -174,15 +191,15 @@ class StallState:
             # Sanctioned pause: not counted, and it does not stretch the window either.
             self.idle_since = None
             self.alerted = False
-            return None
+            return NO_ALERTS
         if steps_moving or self._steps_alive(t):
             # Steps advance at their usual pace: slow (input-bound) perhaps, but working.
             self.worked = True
             self._end_idle(t)
             self.raw_idle_since = None
-            return None
+            return NO_ALERTS
         if mode is None:
-            return self._stuck_steps(t, p)
+            return self._stuck_steps(subject, t, p)
         if mode == BUSY:
             self.worked = True
             if self.busy_since is None:
@@ -193,7 +210,7 @@ class StallState:
                 t - self.busy_since >= self.cfg.stall_smoothing_s and t > self.busy_since
             ):
                 self._end_idle(t)
-            return self._stuck_steps(t, p)
+            return self._stuck_steps(subject, t, p)
         self.busy_since = None
 
         # Idle or spinning while holding memory.
@@ -214,10 +231,11 @@ class StallState:
         duration = t - self.idle_since
         if not self.alerted and duration >= self.window():
             self.alerted = True
-            return StallFinding(
+            found = StallFinding(
                 mode, self.idle_since, duration, self.util_s, self.power_frac, p.used_bytes
             )
-        return self._stuck_steps(t, p)
+            return self._alert(subject, p, found)
+        return self._stuck_steps(subject, t, p)
 
     def _raw_mode(self, p: Point) -> str | None:
         cfg = self.cfg
@@ -281,15 +299,51 @@ class StallState:
             return False
         return t - self.step_changed <= 3 * self.step_interval
 
-    def _stuck_steps(self, t: float, p: Point) -> StallFinding | None:
+    def _alert(self, subject: str, p: Point, found: StallFinding) -> Sequence[Alert]:
+        self.since = p.time
+        return (stall_alert(subject, p, found),)
+
+    def _stuck_steps(self, subject: str, t: float, p: Point) -> Sequence[Alert]:
         """Steps reported and advancing before, now frozen far longer than usual."""
         if self.step_interval is None or self.step_changed is None or self.steps_alerted:
-            return None
+            return NO_ALERTS
         limit = max(self.window(), self.cfg.stall_step_factor * self.step_interval)
         frozen = t - self.step_changed
         if frozen >= limit:
             self.steps_alerted = True
-            return StallFinding(
+            found = StallFinding(
                 STEPS, self.step_changed, frozen, self.util_s, self.power_frac, p.used_bytes
             )
-        return None
+            return self._alert(subject, p, found)
+        return NO_ALERTS
+
+
+def stall_alert(subject: str, p: Point, f: StallFinding) -> Alert:
+    """The alert for a stall that became certain at point ``p``."""
+    held = f" while holding {gb(f.used_bytes)}" if f.used_bytes else ""
+    dur = duration(f.duration_s)
+    if f.mode == SPIN:
+        power = f" at {f.power_fraction:.0%} power" if f.power_fraction is not None else ""
+        what = (
+            f"GPU busy-spinning (util {f.util or 0:.0%}){power} for {dur}{held}: hung collective?"
+        )
+    elif f.mode == STEPS:
+        step = f" at {p.step:g}" if p.step is not None else ""
+        what = f"training step stuck{step} for {dur}{held}"
+    else:
+        util = f" (util {f.util:.0%})" if f.util is not None else ""
+        what = f"GPU idle{util} for {dur}{held}"
+    evidence: dict[str, float | str] = {"mode": f.mode, "since": f.since}
+    if f.util is not None:
+        evidence["util"] = round(f.util, 4)
+    if f.power_fraction is not None:
+        evidence["power_fraction"] = round(f.power_fraction, 4)
+    return Alert(
+        kind=STALL,
+        subject=subject,
+        time=p.time,
+        severity="critical",
+        message=f"stalled: {what}",
+        window_s=f.duration_s,
+        evidence=evidence,
+    )

@@ -1,12 +1,19 @@
-"""Threshold, hardware and anomaly detectors: simple rules with hysteresis, one alert per episode."""
+"""Threshold, hardware and anomaly detectors: simple rules with hysteresis, one alert per episode.
+
+A memory or temperature rule stays active (a Condition) until its value falls back past the
+hysteresis; an anomaly until the metric is back inside its band. Hardware errors are events:
+each increase alerts, and nothing stays active.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from otel_gpu.detect.config import DetectConfig
-from otel_gpu.detect.model import Point
+from otel_gpu.detect.detector import NO_ALERTS, Condition
+from otel_gpu.detect.model import ANOMALY, HARDWARE, THRESHOLD, Alert, Point
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,28 +27,38 @@ class Finding:
     metric: str | None = None
 
 
-class ThresholdState:
-    """Memory utilization high and rising; temperature high; ECC and Xid counters increasing."""
+class ThresholdDetector:
+    """Memory utilization high and rising; temperature high; ECC and Xid counters increasing
+    (one subject's rules, a detector.Detector)."""
 
-    __slots__ = ("cfg", "mem_base", "mem_alerted", "temp_alerted", "ecc", "xid")
+    __slots__ = ("cfg", "mem_base", "mem_alerted", "temp_alerted", "ecc", "xid", "since")
 
     def __init__(self, cfg: DetectConfig) -> None:
         self.cfg = cfg
+        self.since = 0.0  # data time of the latest threshold alert
         self.mem_base: float | None = None  # lowest usage since crossing the limit
         self.mem_alerted = False
         self.temp_alerted = False
         self.ecc: float | None = None
         self.xid: float | None = None
 
-    def observe(self, p: Point) -> list[Finding]:
-        out: list[Finding] = []
+    @classmethod
+    def enabled(cls, cfg: DetectConfig) -> bool:
+        return cfg.threshold_enabled or cfg.hardware_enabled
+
+    def conditions(self, now: float) -> Sequence[Condition]:
+        active = self.mem_alerted or self.temp_alerted
+        return (Condition(THRESHOLD, self.since),) if active else ()
+
+    def observe(self, subject: str, p: Point) -> Sequence[Alert]:
         if (
             p.limit_bytes is None
             and p.temperature_c is None
             and p.ecc_uncorrected is None
             and p.xid_errors is None
         ):
-            return out  # nothing any rule here reads (a process's memory without its limit)
+            return NO_ALERTS  # nothing any rule here reads (a process's memory without its limit)
+        out: list[Finding] = []
         cfg = self.cfg
         if cfg.threshold_enabled:
             mem = self._memory(p)
@@ -59,7 +76,12 @@ class ThresholdState:
             self.xid, xid = _counter(self.xid, p.xid_errors)
             if xid:
                 out.append(Finding("xid", f"{xid:g} new Xid error(s)", p.xid_errors or 0))
-        return out
+        if not out:
+            return NO_ALERTS
+        alerts = [rule_alert(subject, p, f) for f in out]
+        if any(a.kind == THRESHOLD for a in alerts):
+            self.since = p.time
+        return alerts
 
     def _memory(self, p: Point) -> Finding | None:
         used, limit = p.used_bytes, p.limit_bytes
@@ -114,17 +136,27 @@ def _counter(prev: float | None, value: float | None) -> tuple[float | None, flo
     return value, value - prev
 
 
-class AnomalyState:
-    """EWMA mean and variance per configured metric; alert leaving the mean +- k sigma band."""
+class AnomalyDetector:
+    """EWMA mean and variance per configured metric (``anomaly_metrics``); alert leaving the
+    mean +- k sigma band (one subject's, a detector.Detector)."""
 
-    __slots__ = ("cfg", "stats")
+    __slots__ = ("cfg", "stats", "since")
 
     def __init__(self, cfg: DetectConfig) -> None:
         self.cfg = cfg
         # metric -> [count, mean, variance, alerted(0/1)]
         self.stats: dict[str, list[float]] = {}
+        self.since = 0.0
 
-    def observe(self, p: Point) -> list[Finding]:
+    @classmethod
+    def enabled(cls, cfg: DetectConfig) -> bool:
+        return bool(cfg.anomaly_metrics)
+
+    def conditions(self, now: float) -> Sequence[Condition]:
+        outside = any(st[3] for st in self.stats.values())
+        return (Condition(ANOMALY, self.since),) if outside else ()
+
+    def observe(self, subject: str, p: Point) -> Sequence[Alert]:
         cfg = self.cfg
         out: list[Finding] = []
         for name in cfg.anomaly_metrics:
@@ -162,4 +194,31 @@ class AnomalyState:
             mean += a * diff
             var = (1 - a) * (var + a * diff * diff)
             self.stats[name] = [count + 1, mean, var, alerted]
-        return out
+        if not out:
+            return NO_ALERTS
+        self.since = p.time
+        return [rule_alert(subject, p, f) for f in out]
+
+
+def rule_alert(subject: str, p: Point, f: Finding) -> Alert:
+    """The alert for a rule that started holding at point ``p``."""
+    if f.kind in ("ecc", "xid"):
+        kind, severity = HARDWARE, "critical"
+    elif f.kind == "anomaly":
+        kind, severity = ANOMALY, "warning"
+    else:
+        kind = THRESHOLD
+        severity = "critical" if f.kind == "memory" else "warning"
+    evidence: dict[str, float | str] = {"rule": f.kind, "value": f.value}
+    if f.limit is not None:
+        evidence["limit"] = f.limit
+    if f.metric is not None:
+        evidence["metric"] = f.metric
+    return Alert(
+        kind=kind,
+        subject=subject,
+        time=p.time,
+        severity=severity,
+        message=f.message,
+        evidence=evidence,
+    )

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from otel_gpu.detect.model import Point
+from otel_gpu.detect.subject import subject_attributes
 from otel_gpu.processor.decode import (
     DEVICE,
     F_ECC,
@@ -36,7 +37,8 @@ _NFIELDS = 9
 
 @dataclass(frozen=True, slots=True)
 class Subject:
-    """A detection subject: its name (the engine and breaker key) and output attributes."""
+    """A detection subject: its name (the engine and breaker key, unique across reporters) and
+    the identity attributes of its outputs (the same the agent gives it, see detect/subject.py)."""
 
     name: str
     kind: str
@@ -180,16 +182,9 @@ class Assembler:
             if len(self._series) >= self._max:
                 self.overflow += 1
                 return None
-            attrs: list[tuple[str, str | int]] = []
-            if pid is not None:
-                attrs.append(("process.pid", pid))
-            if hw_id is not None and hw_id.startswith("gpu.index="):
-                attrs.append(("gpu.index", int(hw_id.partition("=")[2])))
-            elif hw_id is not None:
-                attrs.append(("hw.id", hw_id))
             name = subject_name(res, kind, hw_id, pid)
-            attrs.append(("otel_gpu.subject", name))
-            s = self._series[key] = _Series(Subject(name, kind, res, tuple(attrs), hw_id, pid))
+            attrs = subject_attributes(kind, hw_id, pid)
+            s = self._series[key] = _Series(Subject(name, kind, res, attrs, hw_id, pid))
             s.seen = self.now
         return s
 

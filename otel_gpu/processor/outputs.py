@@ -2,14 +2,16 @@
 detector metrics (contract names from DESIGN.md):
 
 - ``otel_gpu.leak.rate`` (gauge, By/s) and ``otel_gpu.memory.time_to_exhaustion`` (gauge, s):
-  from the subject's latest leak alert, while its breaker is not closed;
+  the engine's current estimates while the subject's leak is active (counting down with the
+  data), absent once it cleared;
 - ``otel_gpu.breaker.state`` (gauge, 1): 0 closed, 1 half-open, 2 open, for every subject the
   breaker knows (subjects that never alerted are closed and not listed);
 - ``otel_gpu.alerts`` (cumulative monotonic sum, {alert}): alerts per subject and kind.
 
 Each output sits under a resource holding the reporter's identity attributes (service.*,
-host.*, process.pid ...), with the subject's hw.id / process.pid and ``otel_gpu.subject`` on the
-point, so dashboards can join them with the agent's own series.
+host.*, process.pid ...), with the subject's identity on the point (``otel_gpu.subject.kind``,
+hw.id / process.pid and ``otel_gpu.subject``, see detect/subject.py): the attributes the agent
+gives the same subject, so dashboards join them with the agent's own series.
 """
 
 from __future__ import annotations
@@ -148,9 +150,9 @@ def metrics_request(values: Sequence[DetectorValues], start_ns: int, now_ns: int
         sm = rm.scope_metrics.add()
         sm.scope.name, sm.scope.version = SCOPE_NAME, __version__
         leak = sm.metrics.add(name="otel_gpu.leak.rate", unit="By/s")
-        leak.description = "Growth rate of the subject's leaking memory (latest leak alert)"
+        leak.description = "Growth rate of the subject's leaking memory (current estimate)"
         eta = sm.metrics.add(name="otel_gpu.memory.time_to_exhaustion", unit="s")
-        eta.description = "Projected time until the memory limit is reached (latest leak alert)"
+        eta.description = "Projected time until the memory limit is reached (current estimate)"
         state = sm.metrics.add(name="otel_gpu.breaker.state", unit="1")
         state.description = "Circuit breaker state: 0 closed, 1 half-open, 2 open"
         alerts = sm.metrics.add(name="otel_gpu.alerts", unit="{alert}")

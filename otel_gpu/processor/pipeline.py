@@ -4,12 +4,14 @@ One lock serializes the pipeline (the engine and breaker are not thread-safe, an
 there is nothing to gain from finer locks). Per request the order is: decode, assemble, detect;
 then, if anything happened, commit alerts and transitions to the store, fire the actions, and
 queue the alert log records downstream: a notification never goes out before it is durable.
-The breaker runs on each subject's data time; a subject that stops sending keeps its state.
+The breaker runs on each subject's data time and on the engine's active conditions, so it
+closes only once the problem stopped; a subject that stops sending keeps its state. Subjects an
+agent already judges (it exports their ``otel_gpu.breaker.state``, see watched.py) are left to
+that agent: one problem, one notification.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -25,6 +27,7 @@ from otel_gpu.processor.assemble import Assembler, Subject
 from otel_gpu.processor.config import ProcessorConfig
 from otel_gpu.processor.decode import Decoded, MetricsDecoder
 from otel_gpu.processor.store import StateStore
+from otel_gpu.processor.watched import WatchedSubjects
 from otel_gpu.processor.wire import LOGS_EXPORT, METRICS_EXPORT
 
 log = logging.getLogger("otel_gpu.processor")
@@ -47,6 +50,7 @@ class DetectionStats:
     alerts: int = 0
     transitions: int = 0
     errors: int = 0  # points the engine failed on (logged, skipped)
+    agent_watched: int = 0  # subjects left to the agent that reports them (it judges them)
 
 
 def _output(s: Subject) -> outputs.SubjectOutput:
@@ -96,12 +100,20 @@ class Detection:
             name: _output_from(d) for name, d in store.load_subjects().items()
         }
         self._alert_counts: dict[tuple[str, str], int] = store.alert_counts()
-        self._leaks: dict[str, Alert] = {}
-        for name, d in breaker.export_state().get("subjects", {}).items():
-            last = d.get("last_alert")
-            if isinstance(last, dict) and last.get("kind") == LEAK:
-                with contextlib.suppress(TypeError):
-                    self._leaks[name] = Alert(**last)
+        self._watched = WatchedSubjects(config.max_series, config.series_ttl_s)
+        self._agent_subjects = self._watched.seen  # checked on every point
+        self._active_kinds = engine.active_kinds  # bound once: passed on every point
+        # The engine's evidence does not survive a restart, but a restored breaker may have been
+        # held open by an active condition. It stays held until the engine has had the data
+        # time to judge that condition again (a persisting leak or stall is re-alerted within
+        # it), so a restart never reads as "resolved". subject -> (kinds, first data time).
+        cfg = engine.config
+        self._rejudge_s = max(3 * cfg.leak_min_window_s, 2 * cfg.stall_window_max_s)
+        self._restored: dict[str, tuple[frozenset[str], float | None]] = {
+            name: (frozenset(d.get("held", ())), None)
+            for name, d in breaker.export_state().get("subjects", {}).items()
+            if d.get("state") != "closed" and d.get("held") and d.get("clear_since", 0) is None
+        }
 
     # -- ingestion ---------------------------------------------------------------------------
 
@@ -110,6 +122,8 @@ class Detection:
         now = self._wall()
         with self._lock:
             self._assembler.now = now
+            for name in self._watched.note(raw, now):
+                self.engine.forget(name)  # its agent judges it; evidence here would go stale
             try:
                 decoded = self._decoder.decode(raw, self._assembler, int(now * 1e9))
                 self._assembler.flush_due(now)
@@ -130,6 +144,7 @@ class Detection:
                 self._last_evict = now
                 for subject in self._assembler.evict(now):
                     self.engine.forget(subject.name)
+                self._watched.expire(now)
             self._publish(now)
             if final or now - self._last_export >= self.config.export_interval_s:
                 self._last_export = now
@@ -140,13 +155,16 @@ class Detection:
             a = self._assembler
             s = DetectionStats(**vars(self._stats))
             s.late, s.overflow, s.subjects = a.late, a.overflow, len(a)
+            s.agent_watched = len(self._watched)
             return s
 
     # -- detection ---------------------------------------------------------------------------
 
     def _on_point(self, subject: Subject, point: Point) -> None:
-        self._stats.evaluated += 1
         name = subject.name
+        if name in self._agent_subjects:
+            return
+        self._stats.evaluated += 1
         try:
             alerts = self.engine.observe(name, point)
         except Exception:
@@ -155,12 +173,29 @@ class Detection:
             if self._stats.errors <= 10:
                 log.exception("detection failed on a point of %s", name)
             return
-        for t in self.breaker.advance(name, point.time):
-            self._transitions.append((subject, t))
         for a in alerts:
             self._alerts.append((subject, a))
             for t in self.breaker.record_alert(a):
                 self._transitions.append((subject, t))
+        # After the alerts, so a condition that returns during probation re-opens with its alert.
+        active: Callable[[str], frozenset[str]] = self._active_kinds
+        if self._restored and name in self._restored:
+            active = self._restored_kinds(name, point.time)
+        for t in self.breaker.advance(name, point.time, active):
+            self._transitions.append((subject, t))
+
+    def _restored_kinds(self, name: str, now: float) -> Callable[[str], frozenset[str]]:
+        """Conditions of a subject restored from the store: those that held its breaker, until
+        the engine reports its own or has had ``_rejudge_s`` of data to do so."""
+        kinds, since = self._restored[name]
+        if since is None:
+            since = now
+            self._restored[name] = (kinds, since)
+        own = self.engine.active_kinds(name)
+        if own or now - since >= self._rejudge_s:
+            del self._restored[name]
+            return lambda _name: own
+        return lambda _name: kinds
 
     def _publish(self, now: float) -> None:
         """Persist, act on and send the events of the last request (under the lock)."""
@@ -172,8 +207,6 @@ class Detection:
         for subject, a in alerts:
             key = (a.subject, a.kind)
             self._alert_counts[key] = self._alert_counts.get(key, 0) + 1
-            if a.kind == LEAK:
-                self._leaks[a.subject] = a
             if a.subject not in self._outputs:
                 out = self._outputs[a.subject] = _output(subject)
                 new_subjects[a.subject] = {
@@ -211,7 +244,8 @@ class Detection:
             if out is None:
                 continue
             state = self.breaker.state(name)
-            leak = self._leaks.get(name) if state != "closed" else None
+            # The live estimate while the leak lasts; nothing once it cleared.
+            leak = next((c for c in self.engine.conditions(name) if c.kind == LEAK), None)
             values.append(
                 outputs.DetectorValues(
                     subject=out,
