@@ -64,9 +64,11 @@ class Agent:
         visible_devices: str | None = None,
         in_process: bool = False,
         export_health: ExportHealth | None = None,
+        phase: Callable[[], str | None] | None = None,
     ) -> None:
         """``export_health``: where the meter provider's exporter counts its outcomes
-        (:func:`otel_gpu.export.meter_provider`), for the self-metrics and ``/healthz``."""
+        (:func:`otel_gpu.export.meter_provider`), for the self-metrics and ``/healthz``.
+        ``phase``: the detectors' phase source when it is not an in-process trainer."""
         self.settings = settings
         self.sampler: Sampler | SamplerProcess
         if source is None and settings.sampler == "process":
@@ -109,7 +111,7 @@ class Agent:
         if settings.detect:
             from otel_gpu.watchdog import Watchdog
 
-            self.watchdog = Watchdog.from_env(in_process=in_process)
+            self.watchdog = Watchdog.from_env(in_process=in_process, phase=phase)
             self.sampler.add_listener(self.watchdog.on_snapshot)
             if meter_provider is not None:
                 self.watchdog.register_instruments(meter_provider.get_meter("otel_gpu", _version()))

@@ -36,6 +36,7 @@ ENV = {
     "health": "OTEL_GPU_HEALTH",
     "health_export_grace_s": "OTEL_GPU_HEALTH_EXPORT_GRACE",
     "process_command": "OTEL_GPU_PROCESS_COMMAND",
+    "server_metrics": "OTEL_GPU_SERVER_METRICS",
 }
 SAMPLER_MODES = ("process", "thread")
 
@@ -65,6 +66,8 @@ class Settings:
     # What process.command (and the process detector's command attributes) hold: redacted,
     # executable or off (otel_gpu.redact).
     process_command: str = COMMAND_REDACTED
+    # The inference server's Prometheus URL the sidecar scrapes; None: no scrape.
+    server_metrics: str | None = None
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **explicit: object) -> Settings:
@@ -156,6 +159,8 @@ def _parse(name: str, raw: object, source: str) -> object:
     if name == "health":
         check_hostport(text, "--health" if source == "argument" else f"{source}=")
         return text
+    if name == "server_metrics":
+        return check_url(text, "--server-metrics" if source == "argument" else f"{source}=")
     if name in ("simulate", "exporter", "sampler", "process_command"):
         return text.lower()
     return text
@@ -186,3 +191,19 @@ def check_hostport(text: str, flag: str) -> tuple[str, int]:
         shown = f"{flag}{text}" if flag.endswith("=") else f"{flag} {text}"
         raise UsageError(f"{shown}: use HOST:PORT with a port from 0 to 65535, e.g. 127.0.0.1:8081")
     return host, int(port)
+
+
+def check_url(url: str, flag: str) -> str:
+    """Accept ``http(s)://HOST[:PORT]/PATH`` (an inference server's metrics); UsageError else."""
+    text = url.strip()
+    parts = urlsplit(text)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+        shown = f"{flag}{text}" if flag.endswith("=") else f"{flag} {text}"
+        raise UsageError(
+            f"{shown}: use the server's Prometheus URL, e.g. http://127.0.0.1:8000/metrics"
+        )
+    return text

@@ -117,11 +117,19 @@ class Watchdog:
         self.transition_listeners: list[Callable[[Transition], None]] = []
 
     @classmethod
-    def from_env(cls, tree: Any = None, *, in_process: bool = False) -> Watchdog:
+    def from_env(
+        cls,
+        tree: Any = None,
+        *,
+        in_process: bool = False,
+        phase: Callable[[], str | None] | None = None,
+    ) -> Watchdog:
         """Engine, breaker and actions configured from ``OTEL_GPU_*`` variables.
 
         ``tree`` bounds the stop action: only the watched job's processes are ever signalled.
         ``in_process``: the agent runs inside the trainer, whose graceful stop is asked first.
+        ``phase``: where the current phase comes from when not from an in-process trainer (the
+        sidecar's inference server: ``load`` while its KV cache fills).
         """
         import psutil
 
@@ -129,7 +137,8 @@ class Watchdog:
         from otel_gpu.actions.dispatcher import ActionDispatcher
         from otel_gpu.actions.stop import JobStopper
 
-        phase, step = _in_process_progress()
+        trainer_phase, step = _in_process_progress()
+        phase = phase if phase is not None else trainer_phase
         watchdog = cls(
             Engine(DetectConfig.from_env()),
             Breaker(BreakerConfig.from_env()),

@@ -1,0 +1,211 @@
+"""``otel-gpu sidecar``: watch a pod's inference server and GPUs; answer /healthz and /readyz.
+
+Runs in its own container of the pod with ``shareProcessNamespace: true``, so it sees the
+server's processes (PID 1 is the pod's pause process: watching its tree is watching the pod).
+Nothing is ever sent to the watched processes unless ``OTEL_GPU_STOP_ON_ALERT`` asks for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from otel_gpu.commands.common import (
+    AgentEndpoints,
+    add_agent_options,
+    build_resource,
+    settings_from_args,
+    setup_logging,
+)
+from otel_gpu.config import Settings
+from otel_gpu.errors import UsageError
+
+log = logging.getLogger("otel_gpu.sidecar")
+
+POD_ROOT_PID = 1  # the pause process, parent of every container's processes in a shared namespace
+MATCH_POLL_S = 1.0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "sidecar",
+        help="watch an inference pod (shared PID namespace); /healthz and /readyz",
+        description="Watch every process of the pod (or those named by --match and their "
+        "children) and the GPUs the pod was given (NVIDIA_VISIBLE_DEVICES or "
+        "CUDA_VISIBLE_DEVICES of the server, else the sidecar's own). With --health, /healthz "
+        "is 200 while sampling is fresh and /readyz 200 while no serving-fatal condition holds "
+        "(a lost GPU, an Xid that needs a reset, memory about to run out, requests waiting on "
+        "idle GPUs). Ends within OTEL_GPU_SHUTDOWN_TIMEOUT seconds of SIGTERM.",
+    )
+    parser.add_argument(
+        "--match",
+        metavar="NAME",
+        action="append",
+        help="watch only processes whose executable name contains NAME, and their children "
+        "(repeatable; waits until one runs); default: every process of the pod",
+    )
+    parser.add_argument(
+        "--server-metrics",
+        metavar="URL",
+        help="the inference server's Prometheus endpoint, scraped each interval, e.g. "
+        "http://127.0.0.1:8000/metrics (env OTEL_GPU_SERVER_METRICS)",
+    )
+    add_agent_options(parser)
+    parser.set_defaults(func=sidecar)
+
+
+def sidecar_settings(args: argparse.Namespace, env: dict[str, str]) -> Settings:
+    """The shared agent settings, with the sidecar's defaults: the executable only in
+    ``process.command`` unless OTEL_GPU_PROCESS_COMMAND says otherwise."""
+    base = settings_from_args(args)
+    return Settings.load(
+        env,
+        interval_s=base.interval_s,
+        exporter=base.exporter,
+        endpoint=base.endpoint,
+        export_interval_s=base.export_interval_s,
+        simulate=base.simulate,
+        detect=base.detect,
+        health=base.health,
+        server_metrics=args.server_metrics,
+        process_command=None if env.get("OTEL_GPU_PROCESS_COMMAND") else "executable",
+    )
+
+
+def sidecar(args: argparse.Namespace) -> int:
+    env = dict(os.environ)
+    settings = sidecar_settings(args, env)
+    setup_logging(args.verbose)
+    from otel_gpu.detect.breaker import BreakerConfig
+    from otel_gpu.inference.readiness import Readiness, ReadinessConfig
+    from otel_gpu.inference.serving import ServingConditions
+    from otel_gpu.watchdog import check_settings
+
+    if settings.detect:
+        check_settings()
+    # Readiness opens on the first serving-fatal alert, whatever the notify threshold is.
+    readiness = Readiness(
+        ReadinessConfig.from_env(env), BreakerConfig.from_env(env, alerts_to_open=1)
+    )
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    endpoints = AgentEndpoints(settings, {"/readyz": readiness.verdict})
+    try:
+        roots = _roots(args.match, settings.proc_root, stop)
+        if roots is None:
+            return 0  # asked to stop before anything matched
+        return _watch(
+            settings, env, roots, args.service_name, readiness, ServingConditions(), endpoints, stop
+        )
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        endpoints.close()
+
+
+def _watch(
+    settings: Settings,
+    env: dict[str, str],
+    roots: list[int],
+    service_name: str | None,
+    readiness: Any,
+    serving: Any,
+    endpoints: AgentEndpoints,
+    stop: threading.Event,
+) -> int:
+    from otel_gpu.agent import Agent
+    from otel_gpu.export import close_all, meter_provider, shutdown_provider
+    from otel_gpu.k8s.pod import KubernetesResourceDetector, pod_visible_devices
+
+    everyone = _pids(settings.proc_root)
+    resource = build_resource(service_name or "otel-gpu-sidecar", None, settings).merge(
+        KubernetesResourceDetector([*roots, *everyone], env, settings.proc_root).detect()
+    )
+    provider = meter_provider(settings, resource, export_health=endpoints.export_health)
+    agent = Agent(
+        settings,
+        meter_provider=provider,
+        roots=roots,
+        visible_devices=pod_visible_devices(env, [*roots, *everyone], settings.proc_root),
+        export_health=endpoints.export_health,
+        phase=serving.phase,
+    )
+    scraper = None
+    if settings.server_metrics:
+        from otel_gpu.inference.scrape import ServerScraper
+
+        scraper = ServerScraper(settings.server_metrics, settings.interval_s)
+        scraper.register_instruments(provider.get_meter("otel_gpu"))
+    dispatch: Callable[[Any], None] = lambda _t: None  # noqa: E731
+    if agent.watchdog is not None:
+        agent.watchdog.alert_listeners.append(readiness.on_alert)
+        if agent.watchdog.dispatcher is not None:
+            dispatch = agent.watchdog.dispatcher.on_transition
+
+    def on_snapshot(snap: Any) -> None:
+        # After the watchdog's listener: this sweep's leak alerts have reached readiness.
+        utils = [g.util_gpu for g in snap.gpus if g.status == "ok"]
+        started, active = serving.observe(snap.time, utils, scraper.fresh() if scraper else None)
+        for alert in started:
+            log.warning("%s", alert.message)
+        for t in readiness.observe(snap, active):
+            log.warning("readiness: %s", t.reason)
+            if t.subject == "server":  # GPU subjects notify through the agent's own breaker
+                dispatch(t)
+
+    agent.sampler.add_listener(on_snapshot)
+    agent.start()
+    if scraper is not None:
+        scraper.start()
+    endpoints.attach(agent)
+    log.info("watching PIDs %s; health on %s", roots, settings.health or "(off)")
+    try:
+        stop.wait()
+    finally:
+        steps: list[tuple[str, Callable[[float], object]]] = [
+            ("agent", agent.shutdown),
+            ("metrics", lambda t: shutdown_provider(provider, t)),
+        ]
+        if scraper is not None:
+            steps.insert(0, ("scrape", scraper.stop))
+        close_all(steps, settings.shutdown_timeout_s)
+    return 0
+
+
+def _roots(match: list[str] | None, proc_root: str, stop: threading.Event) -> list[int] | None:
+    """PID 1's tree, or the processes named by ``--match`` once one runs (None: stopped)."""
+    if not match:
+        return [POD_ROOT_PID]
+    if any(not name.strip() for name in match):
+        raise UsageError("--match needs a process name, e.g. --match vllm")
+    while not stop.is_set():
+        found = [pid for pid in _pids(proc_root) if _named(pid, match, proc_root)]
+        if found:
+            return found
+        stop.wait(MATCH_POLL_S)
+    return None
+
+
+def _pids(proc_root: str) -> list[int]:
+    own = os.getpid()
+    try:
+        return sorted(int(n) for n in os.listdir(proc_root) if n.isdigit() and int(n) != own)
+    except OSError:
+        return []
+
+
+def _named(pid: int, names: list[str], proc_root: str) -> bool:
+    """The process's executable name (comm, or argv[0]'s basename) contains one of ``names``."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "comm"), encoding="utf-8") as f:
+            comm = f.read().strip()
+        with open(os.path.join(proc_root, str(pid), "cmdline"), "rb") as f:
+            argv0 = os.path.basename(f.read(4096).split(b"\0", 1)[0].decode(errors="replace"))
+    except OSError:
+        return False
+    return any(name in comm or name in argv0 for name in names)
