@@ -89,8 +89,10 @@ def parse_exposition(text: str, time: float) -> ServerState | None:
     totals: dict[str, float] = {}
     highest: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
+        if family.type in ("histogram", "gaugehistogram", "summary"):
+            continue  # no normalized field is a distribution
         for sample in family.samples:
-            if sample.name.endswith(("_created", "_bucket", "_count", "_sum")):
+            if family.type == "counter" and sample.name.endswith("_created"):
                 continue
             # A counter's samples carry _total; its documented name does not.
             name = sample.name.removesuffix("_total")

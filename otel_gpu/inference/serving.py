@@ -23,6 +23,7 @@ from otel_gpu.detect.model import PHASE_LOAD, STALL, THRESHOLD, Alert
 from otel_gpu.inference.engines import ServerState
 
 SERVER_SUBJECT = "server"
+_KV_STEP = 0.001  # a KV-cache utilization change smaller than this is noise
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +87,12 @@ class ServingConditions:
         kv = server.kv_cache_utilization
         if kv is None:
             return
-        if self._kv is not None and kv > self._kv + 1e-3:
-            self._kv_rose_at = now
-        self._kv = kv
+        # Against the level at the last rise, not the previous scrape: a cache that fills
+        # slowly rises less than the step between two scrapes but a lot between rises.
+        if self._kv is None or kv < self._kv:
+            self._kv = kv
+        elif kv >= self._kv + _KV_STEP:
+            self._kv, self._kv_rose_at = kv, now
 
     def _stall(self, now: float, utils: list[float | None], server: ServerState) -> Alert | None:
         known = [u for u in utils if u is not None]
