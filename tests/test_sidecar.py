@@ -198,3 +198,26 @@ def test_sidecar_in_a_pid_namespace(pod: tuple[Pod, OtlpSink, FakeNvml]) -> None
     sidecar.send_signal(signal.SIGTERM)
     _gone, alive = psutil.wait_procs(family, timeout=SHUTDOWN_BOUND_S + 5)
     assert not alive
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "line"),
+    [
+        (["--server-metrics", "ftp://x"], {},
+         "otel-gpu: error: --server-metrics ftp://x: use the server's Prometheus URL, e.g. http://127.0.0.1:8000/metrics"),
+        ([], {"OTEL_GPU_SERVER_METRICS": "localhost:8000"},
+         "otel-gpu: error: OTEL_GPU_SERVER_METRICS=localhost:8000: use the server's Prometheus URL, e.g. http://127.0.0.1:8000/metrics"),
+        (["--match", " "], {}, "otel-gpu: error: --match needs a process name, e.g. --match vllm"),
+        ([], {"OTEL_GPU_READY_XIDS": "79;48"},
+         "otel-gpu: error: OTEL_GPU_READY_XIDS='79;48': use Xid numbers separated by commas (e.g. 79,48,95) or none"),
+    ],
+)  # fmt: skip
+def test_bad_sidecar_settings_are_one_line_and_exit_2(
+    args: list[str], env: dict[str, str], line: str
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "otel_gpu.cli", "sidecar", "--exporter", "none", *args],
+        capture_output=True, text=True, timeout=60, env=_env(**env),
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [line]

@@ -55,6 +55,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="the inference server's Prometheus endpoint, scraped each interval, e.g. "
         "http://127.0.0.1:8000/metrics (env OTEL_GPU_SERVER_METRICS)",
     )
+    parser.add_argument(
+        "--pod-resources",
+        metavar="SOCKET",
+        help="node-wide mode (the DaemonSet): attribute each GPU to its pod through the "
+        "kubelet's PodResources socket, e.g. /var/lib/kubelet/pod-resources/kubelet.sock "
+        "(falls back to the processes' cgroups when it cannot be read)",
+    )
     add_agent_options(parser)
     parser.set_defaults(func=sidecar)
 
@@ -99,9 +106,7 @@ def sidecar(args: argparse.Namespace) -> int:
         roots = _roots(args.match, settings.proc_root, stop)
         if roots is None:
             return 0  # asked to stop before anything matched
-        return _watch(
-            settings, env, roots, args.service_name, readiness, ServingConditions(), endpoints, stop
-        )
+        return _watch(settings, env, roots, args, readiness, ServingConditions(), endpoints, stop)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -112,7 +117,7 @@ def _watch(
     settings: Settings,
     env: dict[str, str],
     roots: list[int],
-    service_name: str | None,
+    args: argparse.Namespace,
     readiness: Any,
     serving: Any,
     endpoints: AgentEndpoints,
@@ -123,7 +128,7 @@ def _watch(
     from otel_gpu.k8s.pod import KubernetesResourceDetector, pod_visible_devices
 
     everyone = _pids(settings.proc_root)
-    resource = build_resource(service_name or "otel-gpu-sidecar", None, settings).merge(
+    resource = build_resource(args.service_name or "otel-gpu-sidecar", None, settings).merge(
         KubernetesResourceDetector([*roots, *everyone], env, settings.proc_root).detect()
     )
     provider = meter_provider(settings, resource, export_health=endpoints.export_health)
@@ -159,9 +164,21 @@ def _watch(
                 dispatch(t)
 
     agent.sampler.add_listener(on_snapshot)
+    attribution = None
+    if args.pod_resources:
+        from otel_gpu.k8s.attribution import NodeAttribution
+
+        attribution = NodeAttribution(
+            agent.sampler.fresh,
+            args.pod_resources,
+            proc_root=settings.proc_root,
+            period_s=max(settings.interval_s, 10.0),
+        )
+        attribution.register_instruments(provider.get_meter("otel_gpu"))
     agent.start()
-    if scraper is not None:
-        scraper.start()
+    for helper in (scraper, attribution):
+        if helper is not None:
+            helper.start()
     endpoints.attach(agent)
     log.info("watching PIDs %s; health on %s", roots, settings.health or "(off)")
     try:
@@ -173,6 +190,8 @@ def _watch(
         ]
         if scraper is not None:
             steps.insert(0, ("scrape", scraper.stop))
+        if attribution is not None:
+            steps.insert(0, ("attribution", attribution.stop))
         close_all(steps, settings.shutdown_timeout_s)
     return 0
 
