@@ -1,8 +1,9 @@
 """``otel-gpu sidecar`` in a real pod-like PID namespace (``unshare --pid --fork --mount-proc``, as
 root), beside a real HTTP server serving vLLM metrics from its own nested namespace, on the fake
 NVML: the server is discovered (its PID in the sidecar's namespace and its own, process.vpid),
-/readyz turns 503 on Xid 79 and a lost GPU and back to 200 after probation, /healthz turns 503
-while sampling is frozen, and SIGTERM ends the sidecar within its shutdown bound."""
+/readyz turns 503 on Xid 79, on requests waiting while the GPU idles and on a lost GPU, and back
+to 200 after probation, /healthz turns 503 while sampling is frozen, and SIGTERM ends the
+sidecar within its shutdown bound."""
 
 from __future__ import annotations
 
@@ -90,6 +91,7 @@ class Pod:
                 OTEL_GPU_BREAKER_PROBATION_S="2",
                 OTEL_GPU_SHUTDOWN_TIMEOUT=str(SHUTDOWN_BOUND_S),
                 OTEL_GPU_NVML_TIMEOUT="0.5",
+                OTEL_GPU_READY_STALL="2",
                 K8S_POD_NAME="vllm-0",
                 K8S_NAMESPACE_NAME="serving",
             )
@@ -175,6 +177,13 @@ def test_sidecar_in_a_pid_namespace(pod: tuple[Pod, OtlpSink, FakeNvml]) -> None
     _until("ready after probation", lambda: _get(p.url + "/readyz")[0] == 200)
     fake.write(SCENARIO)
 
+    # A serving stall: vLLM says 3 requests wait while the GPU idles (OTEL_GPU_READY_STALL=2).
+    fake.append("gpu.0.util.gpu = 0")
+    reason = _until("503 on a stall", lambda: (r := _get(p.url + "/readyz"))[0] == 503 and r[1])
+    assert "3 request(s) waiting" in str(reason) and "vllm server is hung" in str(reason)
+    fake.write(SCENARIO)  # busy again: ready after the cool-down and probation
+    _until("ready after the stall", lambda: _get(p.url + "/readyz")[0] == 200)
+
     # Frozen sampling: /healthz 503 while the helper is stopped, 200 once it runs again.
     helper = p.process("otel_gpu.sampling.worker")
     helper.send_signal(signal.SIGSTOP)
@@ -208,6 +217,8 @@ def test_sidecar_in_a_pid_namespace(pod: tuple[Pod, OtlpSink, FakeNvml]) -> None
         ([], {"OTEL_GPU_SERVER_METRICS": "localhost:8000"},
          "otel-gpu: error: OTEL_GPU_SERVER_METRICS=localhost:8000: use the server's Prometheus URL, e.g. http://127.0.0.1:8000/metrics"),
         (["--match", " "], {}, "otel-gpu: error: --match needs a process name, e.g. --match vllm"),
+        ([], {"OTEL_GPU_READY_STALL": "0"},
+         "otel-gpu: error: OTEL_GPU_READY_STALL='0': use a number of seconds from 1 to 86400"),
         ([], {"OTEL_GPU_READY_XIDS": "79;48"},
          "otel-gpu: error: OTEL_GPU_READY_XIDS='79;48': use Xid numbers separated by commas (e.g. 79,48,95) or none"),
     ],

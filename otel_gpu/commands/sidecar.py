@@ -90,7 +90,7 @@ def sidecar(args: argparse.Namespace) -> int:
     setup_logging(args.verbose)
     from otel_gpu.detect.breaker import BreakerConfig
     from otel_gpu.inference.readiness import Readiness, ReadinessConfig
-    from otel_gpu.inference.serving import ServingConditions
+    from otel_gpu.inference.serving import ServingConditions, ServingConfig
     from otel_gpu.watchdog import check_settings
 
     if settings.detect:
@@ -99,6 +99,7 @@ def sidecar(args: argparse.Namespace) -> int:
     readiness = Readiness(
         ReadinessConfig.from_env(env), BreakerConfig.from_env(env, alerts_to_open=1)
     )
+    serving = ServingConditions(ServingConfig.from_env(env))
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     endpoints = AgentEndpoints(settings, {"/readyz": readiness.verdict})
@@ -106,7 +107,7 @@ def sidecar(args: argparse.Namespace) -> int:
         roots = _roots(args.match, settings.proc_root, stop)
         if roots is None:
             return 0  # asked to stop before anything matched
-        return _watch(settings, env, roots, args, readiness, ServingConditions(), endpoints, stop)
+        return _watch(settings, env, roots, args, readiness, serving, endpoints, stop)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

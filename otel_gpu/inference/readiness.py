@@ -147,6 +147,7 @@ class Readiness:
             for t in transitions:
                 if t.to_state == CLOSED:
                     self._causes.pop(t.subject, None)
+                    self._breaker.forget(t.subject)  # bounded: exited processes do not pile up
             self._pending.extend(transitions)
             self._states = {s: self._breaker.state(s) for s in self._breaker.subjects()}
 

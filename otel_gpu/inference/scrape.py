@@ -24,6 +24,8 @@ log = logging.getLogger("otel_gpu.inference")
 TIMEOUT_S = 2.0  # per scrape: a hung server must not delay the next sweep's readiness verdict
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a vLLM exposition with histograms is ~100 KB
 _FRESH_INTERVALS = 3.0
+# No proxy: the server is in the pod, and a pod's HTTP_PROXY must not carry the scrape away.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class ServerScraper:
@@ -61,7 +63,7 @@ class ServerScraper:
         """One GET and parse; the state, or None (the reason in ``last_error``, logged once)."""
         try:
             request = urllib.request.Request(self.url, headers={"Accept": "text/plain"})
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:  # noqa: S310
+            with _DIRECT.open(request, timeout=TIMEOUT_S) as response:
                 body = response.read(MAX_BODY_BYTES + 1)
             if len(body) > MAX_BODY_BYTES:
                 raise ValueError(f"response larger than {MAX_BODY_BYTES} bytes")

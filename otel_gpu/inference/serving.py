@@ -16,13 +16,15 @@ Three findings, from the GPU snapshot beside the server's normalized state:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from otel_gpu.detect.model import PHASE_LOAD, STALL, THRESHOLD, Alert
+from otel_gpu.errors import UsageError
 from otel_gpu.inference.engines import ServerState
 
 SERVER_SUBJECT = "server"
+STALL_ENV = "OTEL_GPU_READY_STALL"
 _KV_STEP = 0.001  # a KV-cache utilization change smaller than this is noise
 
 
@@ -34,6 +36,21 @@ class ServingConfig:
     idle_util: float = 0.05  # every GPU below this is idle
     kv_full: float = 0.95  # KV cache at or above this is full
     kv_fill_hold_s: float = 30.0  # "filling" lasts this long after the cache last grew
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> ServingConfig:
+        """``OTEL_GPU_READY_STALL``: seconds of requests waiting on idle GPUs that make a
+        stall (default 60); UsageError naming the variable on a bad value."""
+        raw = environ.get(STALL_ENV, "").strip()
+        if not raw:
+            return cls()
+        try:
+            stall = float(raw)
+        except ValueError:
+            stall = -1.0
+        if not 1 <= stall <= 86400:
+            raise UsageError(f"{STALL_ENV}={raw!r}: use a number of seconds from 1 to 86400")
+        return cls(stall_s=stall)
 
 
 class ServingConditions:
