@@ -22,7 +22,12 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 import otel_gpu.k8s.podresources as podresources
-from otel_gpu.k8s.attribution import SOURCE_CGROUP, SOURCE_PODRESOURCES, NodeAttribution
+from otel_gpu.k8s.attribution import (
+    SOURCE_CGROUP,
+    SOURCE_PODRESOURCES,
+    NodeAttribution,
+    kubelet_pod_devices,
+)
 from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, Snapshot
 
 PROTO_DIR = Path(podresources.__file__).parent
@@ -100,6 +105,12 @@ def _kubelet(stubs: tuple[ModuleType, ModuleType], path: Path) -> grpc.Server:
     class Lister(pb2_grpc.PodResourcesListerServicer):
         def List(self, request, context):  # noqa: N802
             return pb2.ListPodResourcesResponse(pod_resources=pods)
+
+        def Get(self, request, context):  # noqa: N802
+            for pod in pods:
+                if (pod.name, pod.namespace) == (request.pod_name, request.pod_namespace):
+                    return pb2.GetPodResourcesResponse(pod_resources=pod)
+            context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod_name} not found")
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     pb2_grpc.add_PodResourcesListerServicer_to_server(Lister(), server)
@@ -206,3 +217,32 @@ def test_a_missing_or_hung_socket_degrades_to_cgroups_with_one_warning(
     warnings = [r.getMessage() for r in caplog.records if "pod-resources socket" in r.getMessage()]
     assert len(warnings) == 1 and "cgroups" in warnings[0]
     assert elapsed < 30  # bounded by the 0.5 s deadline per call, not hung with the kubelet
+
+
+@pytest.mark.parametrize(
+    ("env", "devices", "warned"),
+    [
+        ({"K8S_POD_NAME": "vllm-0", "K8S_NAMESPACE_NAME": "serving"}, GPU_A, False),
+        ({"K8S_POD_NAME": "sglang-0", "K8S_NAMESPACE_NAME": "serving"}, MIG_B, False),
+        ({"K8S_POD_NAME": "idle-0", "K8S_NAMESPACE_NAME": "batch"}, "2", False),  # an index
+        ({"K8S_POD_NAME": "nic-0", "K8S_NAMESPACE_NAME": "net"}, None, False),  # no GPU
+        ({"K8S_POD_NAME": "gone-0", "K8S_NAMESPACE_NAME": "serving"}, None, True),  # NOT_FOUND
+        ({"K8S_POD_NAME": "vllm-0"}, None, False),  # the namespace unknown: not asked
+    ],
+)
+def test_a_sidecar_takes_its_pods_gpus_from_the_kubelet(
+    stubs: tuple[ModuleType, ModuleType],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    env: dict[str, str],
+    devices: str | None,
+    warned: bool,
+) -> None:
+    sock = tmp_path / "kubelet.sock"
+    server = _kubelet(stubs, sock)
+    try:
+        with caplog.at_level(logging.WARNING, logger="otel_gpu.k8s"):
+            assert kubelet_pod_devices(str(sock), env) == devices
+    finally:
+        server.stop(None)
+    assert any("NOT_FOUND" in r.getMessage() for r in caplog.records) == warned

@@ -58,9 +58,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--pod-resources",
         metavar="SOCKET",
-        help="node-wide mode (the DaemonSet): attribute each GPU to its pod through the "
-        "kubelet's PodResources socket, e.g. /var/lib/kubelet/pod-resources/kubelet.sock "
-        "(falls back to the processes' cgroups when it cannot be read)",
+        help="the kubelet's PodResources socket, e.g. "
+        "/var/lib/kubelet/pod-resources/kubelet.sock: attribute each GPU of the node to its pod "
+        "(the DaemonSet; falls back to the processes' cgroups when it cannot be read) and, with "
+        "K8S_POD_NAME and K8S_NAMESPACE_NAME set, take the pod's GPUs from the kubelet",
     )
     add_agent_options(parser)
     parser.set_defaults(func=sidecar)
@@ -133,11 +134,18 @@ def _watch(
         KubernetesResourceDetector([*roots, *everyone], env, settings.proc_root).detect()
     )
     provider = meter_provider(settings, resource, export_health=endpoints.export_health)
+    visible = None
+    if args.pod_resources:
+        from otel_gpu.k8s.attribution import kubelet_pod_devices
+
+        visible = kubelet_pod_devices(args.pod_resources, env)
+    if visible is None:
+        visible = pod_visible_devices(env, [*roots, *everyone], settings.proc_root)
     agent = Agent(
         settings,
         meter_provider=provider,
         roots=roots,
-        visible_devices=pod_visible_devices(env, [*roots, *everyone], settings.proc_root),
+        visible_devices=visible,
         export_health=endpoints.export_health,
         phase=serving.phase,
     )

@@ -8,6 +8,8 @@ Every refresh (on its own thread, never in an OTel callback) pairs the latest sn
 * else (socket missing, refused or hung: one warning) the cgroup of each process on a GPU,
   which names its pod's UID and container ID, for the GPUs in use only.
 
+In a sidecar given the socket, :func:`kubelet_pod_devices` (``Get``) names the pod's own GPUs.
+
 Exported as ``otel_gpu.gpu.allocated`` (1 per GPU and container; ``otel_gpu.gpu.in_use`` says
 whether a process holds it) and ``otel_gpu.gpu.memory.orphaned`` (By, per GPU and process). Both
 carry ``hw.id``, so the per-GPU series join them on it (an info metric, as kube_pod_info is).
@@ -18,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
@@ -184,3 +186,33 @@ class NodeAttribution:
             return [Observation(value, attrs) for value, attrs in rows()]
 
         return observe
+
+
+def kubelet_pod_devices(
+    socket_path: str, env: Mapping[str, str], timeout_s: float = 2.0
+) -> str | None:
+    """The GPUs the kubelet allocated to this pod (``Get``), in ``CUDA_VISIBLE_DEVICES`` syntax.
+
+    The pod is named by the downward API (``K8S_POD_NAME``, ``K8S_NAMESPACE_NAME``). None when
+    it is not, or when the kubelet cannot say (logged once): the caller falls back to the
+    environment of the pod's processes.
+    """
+    name, namespace = env.get("K8S_POD_NAME", ""), env.get("K8S_NAMESPACE_NAME", "")
+    if not name or not namespace:
+        return None
+    client = PodResourcesClient(socket_path, timeout_s)
+    try:
+        found = client.pod_gpus(name, namespace) if os.path.exists(socket_path) else None
+    except Exception as exc:  # grpc.RpcError: no such pod, refused, hung
+        code = getattr(exc, "code", None)
+        log.warning(
+            "the kubelet at %s did not list pod %s/%s (%s); taking its GPUs from its processes",
+            socket_path,
+            namespace,
+            name,
+            code() if callable(code) else type(exc).__name__,
+        )
+        found = None
+    finally:
+        client.close()
+    return ",".join(a.device_id for a in found) if found else None

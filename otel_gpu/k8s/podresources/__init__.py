@@ -3,7 +3,7 @@
 The messages come from the kubelet's own ``api.proto`` (vendored beside this file), compiled to
 ``api.desc`` by ``grpc_tools.protoc`` (the command is in the .proto's header); they are built
 from that descriptor at import, so no generated code pins a protobuf release. ``List`` gives
-every pod's containers and the device IDs each was allocated: GPU UUIDs for ``nvidia.com/gpu``
+every pod's containers and the device IDs each was allocated (``Get`` one pod's): GPU UUIDs for ``nvidia.com/gpu``
 (the NVIDIA device plugin's default ``uuid`` strategy), MIG UUIDs for ``nvidia.com/mig-*``.
 """
 
@@ -61,27 +61,31 @@ class PodResourcesClient:
             request_serializer=MESSAGES["ListPodResourcesRequest"].SerializeToString,
             response_deserializer=MESSAGES["ListPodResourcesResponse"].FromString,
         )
+        self._get = self._channel.unary_unary(
+            f"/{SERVICE}/Get",
+            request_serializer=MESSAGES["GetPodResourcesRequest"].SerializeToString,
+            response_deserializer=MESSAGES["GetPodResourcesResponse"].FromString,
+        )
 
     def gpu_allocations(self) -> list[Allocation]:
-        """Every NVIDIA device allocated to a container on this node."""
+        """Every NVIDIA device allocated to a container on this node (``List``)."""
         response = self._list(MESSAGES["ListPodResourcesRequest"](), timeout=self.timeout_s)
-        found = []
-        for pod in response.pod_resources:
-            for container in pod.containers:
-                for devices in container.devices:
-                    if not devices.resource_name.startswith(GPU_RESOURCE_PREFIX):
-                        continue
-                    for device_id in devices.device_ids:
-                        found.append(
-                            Allocation(
-                                device_id,
-                                devices.resource_name,
-                                pod.name,
-                                pod.namespace,
-                                container.name,
-                            )
-                        )
-        return found
+        return [a for pod in response.pod_resources for a in _gpus(pod)]
+
+    def pod_gpus(self, name: str, namespace: str) -> list[Allocation]:
+        """The NVIDIA devices allocated to one pod's containers (``Get``, kubelet 1.27+)."""
+        request = MESSAGES["GetPodResourcesRequest"](pod_name=name, pod_namespace=namespace)
+        return _gpus(self._get(request, timeout=self.timeout_s).pod_resources)
 
     def close(self) -> None:
         self._channel.close()
+
+
+def _gpus(pod: Any) -> list[Allocation]:
+    return [
+        Allocation(device_id, devices.resource_name, pod.name, pod.namespace, container.name)
+        for container in pod.containers
+        for devices in container.devices
+        if devices.resource_name.startswith(GPU_RESOURCE_PREFIX)
+        for device_id in devices.device_ids
+    ]
