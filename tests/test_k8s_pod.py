@@ -12,6 +12,7 @@ from otel_gpu.k8s.pod import (
     from_cgroup,
     pod_identity,
     pod_visible_devices,
+    watched_pod_pids,
 )
 
 UID = "3f6b1c2e-8a4d-4e5f-9a0b-1c2d3e4f5a6b"
@@ -97,3 +98,30 @@ def test_the_pods_gpus_come_from_the_servers_environment(
     _proc(tmp_path, 1)
     _proc(tmp_path, 42, environ={"PATH": "/usr/bin", **server})
     assert pod_visible_devices(own, [1, 42, 99], str(tmp_path)) == expected
+
+
+def _stat(tmp_path: Path, pid: int, comm: str, ppid: int) -> None:
+    d = tmp_path / str(pid)
+    d.mkdir(parents=True, exist_ok=True)
+    fields = ["S", str(ppid)] + ["0"] * 49
+    (d / "stat").write_text(f"{pid} ({comm}) {' '.join(fields)}\n")
+
+
+@pytest.mark.parametrize(
+    ("host", "matched", "expected"),
+    [
+        (False, False, [7, 42]),  # a pod: everyone but the pause process
+        (False, True, [42]),  # --match: the matched processes
+        (True, False, []),  # hostPID (the DaemonSet): the node's processes are many pods'
+    ],
+)
+def test_which_processes_speak_for_the_pod(
+    tmp_path: Path, host: bool, matched: bool, expected: list[int]
+) -> None:
+    _stat(tmp_path, 1, "pause", 0)
+    _stat(tmp_path, 7, "sh", 1)
+    _stat(tmp_path, 42, "vllm", 1)
+    if host:
+        _stat(tmp_path, 2, "kthreadd", 0)
+    got = watched_pod_pids([42] if matched else [1], matched, str(tmp_path))
+    assert got == expected

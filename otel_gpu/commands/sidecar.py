@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from otel_gpu.commands.common import (
     AgentEndpoints,
@@ -25,9 +25,12 @@ from otel_gpu.commands.common import (
 from otel_gpu.config import Settings
 from otel_gpu.errors import UsageError
 
+if TYPE_CHECKING:
+    from otel_gpu.inference.readiness import Readiness
+    from otel_gpu.inference.serving import ServingConditions
+
 log = logging.getLogger("otel_gpu.sidecar")
 
-POD_ROOT_PID = 1  # the pause process, parent of every container's processes in a shared namespace
 MATCH_POLL_S = 1.0
 
 
@@ -120,18 +123,18 @@ def _watch(
     env: dict[str, str],
     roots: list[int],
     args: argparse.Namespace,
-    readiness: Any,
-    serving: Any,
+    readiness: Readiness,
+    serving: ServingConditions,
     endpoints: AgentEndpoints,
     stop: threading.Event,
 ) -> int:
     from otel_gpu.agent import Agent
     from otel_gpu.export import close_all, meter_provider, shutdown_provider
-    from otel_gpu.k8s.pod import KubernetesResourceDetector, pod_visible_devices
+    from otel_gpu.k8s.pod import KubernetesResourceDetector, pod_visible_devices, watched_pod_pids
 
-    everyone = _pids(settings.proc_root)
+    pod_pids = watched_pod_pids(roots, bool(args.match), settings.proc_root)
     resource = build_resource(args.service_name or "otel-gpu-sidecar", None, settings).merge(
-        KubernetesResourceDetector([*roots, *everyone], env, settings.proc_root).detect()
+        KubernetesResourceDetector(pod_pids, env, settings.proc_root).detect()
     )
     provider = meter_provider(settings, resource, export_health=endpoints.export_health)
     visible = None
@@ -140,7 +143,7 @@ def _watch(
 
         visible = kubelet_pod_devices(args.pod_resources, env)
     if visible is None:
-        visible = pod_visible_devices(env, [*roots, *everyone], settings.proc_root)
+        visible = pod_visible_devices(env, pod_pids, settings.proc_root)
     agent = Agent(
         settings,
         meter_provider=provider,
@@ -207,24 +210,18 @@ def _watch(
 
 def _roots(match: list[str] | None, proc_root: str, stop: threading.Event) -> list[int] | None:
     """PID 1's tree, or the processes named by ``--match`` once one runs (None: stopped)."""
+    from otel_gpu.k8s.pod import POD_ROOT_PID, visible_pids
+
     if not match:
         return [POD_ROOT_PID]
     if any(not name.strip() for name in match):
         raise UsageError("--match needs a process name, e.g. --match vllm")
     while not stop.is_set():
-        found = [pid for pid in _pids(proc_root) if _named(pid, match, proc_root)]
+        found = [pid for pid in visible_pids(proc_root) if _named(pid, match, proc_root)]
         if found:
             return found
         stop.wait(MATCH_POLL_S)
     return None
-
-
-def _pids(proc_root: str) -> list[int]:
-    own = os.getpid()
-    try:
-        return sorted(int(n) for n in os.listdir(proc_root) if n.isdigit() and int(n) != own)
-    except OSError:
-        return []
 
 
 def _named(pid: int, names: list[str], proc_root: str) -> bool:

@@ -22,7 +22,11 @@ from dataclasses import dataclass
 
 from opentelemetry.sdk.resources import Resource, ResourceDetector
 
+from otel_gpu.sampling.procfs import read_stat
+
 log = logging.getLogger("otel_gpu.k8s")
+
+POD_ROOT_PID = 1  # the pause process, parent of every container's processes in a shared namespace
 
 DOWNWARD_ENV = {
     "k8s.pod.name": "K8S_POD_NAME",
@@ -165,3 +169,29 @@ def _read_environ(pid: int, proc_root: str) -> dict[str, str]:
         if sep:
             out[key.decode(errors="replace")] = value.decode(errors="replace")
     return out
+
+
+def watched_pod_pids(roots: list[int], matched: bool, proc_root: str = "/proc") -> list[int]:
+    """The processes whose cgroup and environment say which pod and GPUs are watched: the
+    matched ones; else every process of the pod but the pause process (its cgroup is its own
+    container's); none when the node's PIDs are visible (hostPID: they belong to many pods)."""
+    if matched:
+        return roots
+    if sees_host_pids(proc_root):
+        return []
+    return [pid for pid in visible_pids(proc_root) if pid != POD_ROOT_PID]
+
+
+def sees_host_pids(proc_root: str) -> bool:
+    """Kernel threads (kthreadd is PID 2, parent 0) exist only in the host's PID namespace."""
+    st = read_stat(proc_root, 2)
+    return st is not None and st.ppid == 0 and st.comm == "kthreadd"
+
+
+def visible_pids(proc_root: str) -> list[int]:
+    """Every PID in ``proc_root`` but this process's own."""
+    own = os.getpid()
+    try:
+        return sorted(int(n) for n in os.listdir(proc_root) if n.isdigit() and int(n) != own)
+    except OSError:
+        return []
