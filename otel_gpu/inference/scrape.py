@@ -42,16 +42,10 @@ class ServerScraper:
         self.interval_s = interval_s
         self._clock = clock
         self.latest: ServerState | None = None
-        self.scrapes = 0
         self.failures = 0
         self.last_error: str | None = None
-        self._listeners: list[Callable[[ServerState | None], None]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-
-    def add_listener(self, listener: Callable[[ServerState | None], None]) -> None:
-        """Called on the scrape thread after each scrape with the new state (None: failed)."""
-        self._listeners.append(listener)
 
     def fresh(self) -> ServerState | None:
         state = self.latest
@@ -74,7 +68,6 @@ class ServerScraper:
             self.failures += 1
             self._note_error(f"{type(exc).__name__}: {exc}")
             return None
-        self.scrapes += 1
         if self.last_error is not None:
             log.info("server metrics at %s readable again (%s)", self.url, state.engine)
         self.last_error = None
@@ -94,12 +87,7 @@ class ServerScraper:
     def _loop(self) -> None:
         while not self._stop.is_set():
             began = time.monotonic()
-            state = self.scrape_once()
-            for listener in self._listeners:
-                try:
-                    listener(state)
-                except Exception:  # a listener bug must not end scraping
-                    log.exception("server-metrics listener failed")
+            self.scrape_once()
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))
 
     def stop(self, timeout_s: float = 1.0) -> None:
