@@ -34,6 +34,7 @@ gpu.0.memory.total = 85899345920
 gpu.0.memory.used = 21474836480
 gpu.0.util.gpu = 60
 """
+ROOT = Path(__file__).resolve().parents[1]
 SHUTDOWN_BOUND_S = 5.0  # OTEL_GPU_SHUTDOWN_TIMEOUT below
 
 
@@ -86,7 +87,7 @@ class Pod:
         script = f"{_sh(server)} >/dev/null 2>&1 & {_sh(sidecar)} & wait"
         env = fake.env(
             _env(
-                PYTHONPATH=os.pathsep.join([str(Path.cwd()), *sys.path[1:]]),
+                PYTHONPATH=str(ROOT),  # this checkout's otel_gpu, in every process of the pod
                 OTEL_GPU_BREAKER_COOLDOWN_S="1",
                 OTEL_GPU_BREAKER_PROBATION_S="2",
                 OTEL_GPU_SHUTDOWN_TIMEOUT=str(SHUTDOWN_BOUND_S),
