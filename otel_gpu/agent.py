@@ -66,11 +66,13 @@ class Agent:
         visible_devices: str | None = None,
         trainer: InProcessTrainer | None = None,
         export_health: ExportHealth | None = None,
+        phase: Callable[[], str | None] | None = None,
     ) -> None:
         """``trainer``: the trainer this agent runs inside (:func:`start_in_process`), whose
         phase and step feed detection and whose graceful stop is asked first.
         ``export_health``: where the meter provider's exporter counts its outcomes
-        (:func:`otel_gpu.export.meter_provider`), for the self-metrics and ``/healthz``."""
+        (:func:`otel_gpu.export.meter_provider`), for the self-metrics and ``/healthz``.
+        ``phase``: the detectors' phase source when it is not an in-process trainer."""
         self.settings = settings
         self.sampler: Sampler | SamplerProcess
         if source is None and settings.sampler == "process":
@@ -114,7 +116,9 @@ class Agent:
         if settings.detect:
             from otel_gpu.watchdog import Watchdog
 
-            self.watchdog = Watchdog.from_env(proc_root=settings.proc_root, trainer=trainer)
+            self.watchdog = Watchdog.from_env(
+                proc_root=settings.proc_root, trainer=trainer, phase=phase
+            )
             self.sampler.add_listener(self.watchdog.on_snapshot)
             if meter_provider is not None:
                 self.watchdog.register_instruments(meter_provider.get_meter("otel_gpu", _version()))

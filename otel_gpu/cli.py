@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "otel_gpu.commands.demo",
     "otel_gpu.commands.run",
     "otel_gpu.commands.watch",
+    "otel_gpu.commands.sidecar",
     "otel_gpu.commands.doctor",
     "otel_gpu.commands.analyze",
     "otel_gpu.commands.report",

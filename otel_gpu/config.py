@@ -38,6 +38,7 @@ ENV = {
     "health": "OTEL_GPU_HEALTH",
     "health_export_grace_s": "OTEL_GPU_HEALTH_EXPORT_GRACE",
     "process_command": "OTEL_GPU_PROCESS_COMMAND",
+    "server_metrics": "OTEL_GPU_SERVER_METRICS",
 }
 SAMPLER_MODES = ("process", "thread")
 # The flag of each setting that commands take on the command line (error messages name it).
@@ -49,6 +50,7 @@ FLAGS = {
     "export_interval_s": "--export-interval",
     "detect": "--no-detect",
     "health": "--health",
+    "server_metrics": "--server-metrics",
 }
 
 
@@ -79,6 +81,8 @@ class Settings:
     # What process.command (and the process detector's command attributes) hold: redacted,
     # executable or off (otel_gpu.redact).
     process_command: str = COMMAND_REDACTED
+    # The inference server's Prometheus URL the sidecar scrapes; None: no scrape.
+    server_metrics: str | None = None
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **explicit: object) -> Settings:
@@ -212,6 +216,8 @@ def _parse(name: str, raw: object, source: str) -> object:
     if name == "health":
         check_hostport(text, source if source.startswith("-") else f"{source}=")
         return text
+    if name == "server_metrics":
+        return check_url(text, source if source.startswith("-") else f"{source}=")
     if name == "exporter":
         return ",".join(_exporter_names(text, source))
     if name in ("simulate", "sampler", "process_command"):
@@ -299,3 +305,19 @@ def check_otlp_environment(env: Mapping[str, str]) -> None:
             raise UsageError(
                 f"{name}={path}: {problem}; give the path of a readable PEM file, or unset it"
             )
+
+
+def check_url(url: str, flag: str) -> str:
+    """Accept ``http(s)://HOST[:PORT]/PATH`` (an inference server's metrics); UsageError else."""
+    text = url.strip()
+    parts = urlsplit(text)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+        shown = f"{flag}{text}" if flag.endswith("=") else f"{flag} {text}"
+        raise UsageError(
+            f"{shown}: use the server's Prometheus URL, e.g. http://127.0.0.1:8000/metrics"
+        )
+    return text

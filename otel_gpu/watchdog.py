@@ -154,7 +154,11 @@ class Watchdog:
 
     @classmethod
     def from_env(
-        cls, *, proc_root: str = "/proc", trainer: InProcessTrainer | None = None
+        cls,
+        *,
+        proc_root: str = "/proc",
+        trainer: InProcessTrainer | None = None,
+        phase: Callable[[], str | None] | None = None,
     ) -> Watchdog:
         """Engine, breaker and actions configured from ``OTEL_GPU_*`` variables.
 
@@ -163,6 +167,8 @@ class Watchdog:
         ever signalled.
         ``trainer``: the agent runs inside this trainer, whose phase and step feed the
         detectors and whose graceful stop is asked first.
+        ``phase``: where the current phase comes from when not from an in-process trainer (the
+        sidecar's inference server: ``load`` while its KV cache fills).
         """
         import psutil
 
@@ -171,10 +177,11 @@ class Watchdog:
         from otel_gpu.actions.stop import JobStopper
 
         trainer = trainer or InProcessTrainer()
+        phase = phase if phase is not None else trainer.phase
         watchdog = cls(
             Engine(DetectConfig.from_env()),
             Breaker(BreakerConfig.from_env()),
-            phase=trainer.phase,
+            phase=phase,
             step=trainer.step,
             host_memory=psutil.virtual_memory().total,
             start_ticks=lambda pid: read_start_ticks(pid, proc_root),

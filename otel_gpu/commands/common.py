@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
@@ -115,16 +115,16 @@ class AgentEndpoints:
     (passed to the meter provider and the agent) and the optional ``/healthz`` server, bound
     before the job starts so a bad ``--health`` address is refused before anything runs."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, extra_routes: Mapping[str, Any] | None = None) -> None:
+        """``extra_routes``: more path → check pairs (the sidecar's ``/readyz``)."""
         from otel_gpu.health import HealthServer, LateCheck
         from otel_gpu.selfmetrics import ExportHealth
 
         self.settings = settings
         self.export_health = ExportHealth()
         self._check = LateCheck()
-        self.server = (
-            HealthServer(settings.health, {"/healthz": self._check}) if settings.health else None
-        )
+        routes = {"/healthz": self._check, **(extra_routes or {})}
+        self.server = HealthServer(settings.health, routes) if settings.health else None
 
     def attach(self, agent: Any) -> None:
         from otel_gpu.health import agent_check

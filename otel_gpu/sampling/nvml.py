@@ -639,6 +639,8 @@ class NvmlSource:
                     values = sweep.fields.get(dev.key)
                     if values is not None and not dev.lost:
                         values["xid_errors"] = dev.xid_count
+                        # which Xid, for readiness gates that tell fatal codes from benign ones
+                        values["xid_codes"] = (*values.get("xid_codes", ()), int(data.eventData))
                     if (dev.index, data.eventData) not in self._xids_logged:  # Xid storms
                         self._xids_logged.add((dev.index, data.eventData))
                         log.warning("GPU %s (%s): Xid %s", dev.index, dev.uuid, data.eventData)

@@ -47,6 +47,7 @@ class GpuSample:
     ecc_corrected: int | None = None  # cumulative (volatile) count
     ecc_uncorrected: int | None = None
     xid_errors: int | None = None  # Xid events seen since the agent started
+    xid_codes: tuple[int, ...] = ()  # the Xid codes that arrived during this sweep
     clock_sm_hz: float | None = None
     clock_mem_hz: float | None = None
     pcie_tx_bytes_per_s: float | None = None

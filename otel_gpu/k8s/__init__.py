@@ -1,0 +1,1 @@
+"""Kubernetes: which pod and container the watched processes and GPUs belong to."""

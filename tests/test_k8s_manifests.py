@@ -1,0 +1,141 @@
+"""deploy/kubernetes: each overlay renders with ``kubectl kustomize``, every object validates
+against the Kubernetes schemas (kubernetes-validate, strict), the otel-gpu arguments parse with
+the real command line, and the probes, ports, sockets and volumes are wired to each other."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from otel_gpu.cli import build_parser
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
+OVERLAYS = ["overlays/cluster", "overlays/vllm"]
+# The oldest Kubernetes the manifests promise to work on, and the newest the validator knows.
+VERSIONS = ["1.29.0", kubernetes_validate.latest_version()]
+
+
+def _render(overlay: str) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.fail("kubectl is needed to render the kustomize overlays (see README Development)")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(DEPLOY / overlay)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def _one(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}"
+    return found[0]
+
+
+def _container(workload: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in workload["spec"]["template"]["spec"]["containers"] if c["name"] == name)
+
+
+def _flag(args: list[str], flag: str) -> str:
+    return next(a.split("=", 1)[1] for a in args if a.startswith(flag + "="))
+
+
+def _port(value: str) -> int:
+    return int(value.rsplit(":", 1)[1].split("/", 1)[0])
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_validates_strictly(overlay: str, version: str) -> None:
+    objects = _render(overlay)
+    assert objects
+    for obj in objects:
+        kubernetes_validate.validate(obj, version, strict=True)  # raises on any error
+
+
+def test_the_otel_gpu_arguments_are_ones_the_command_line_accepts() -> None:
+    parser = build_parser()
+    for overlay in OVERLAYS:
+        for obj in _render(overlay):
+            if obj["kind"] not in ("Deployment", "DaemonSet"):
+                continue
+            for c in obj["spec"]["template"]["spec"]["containers"]:
+                if c["image"].split(":")[0].endswith("otel-gpu"):
+                    args = parser.parse_args(c["args"])
+                    assert args.func is not None, c["args"]
+
+
+def test_the_sidecar_gates_readiness_and_the_server_its_liveness() -> None:
+    objects = _render("overlays/vllm")
+    deploy = _one(objects, "Deployment", "vllm")
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["shareProcessNamespace"] is True
+    server, sidecar = _container(deploy, "vllm"), _container(deploy, "otel-gpu")
+    health_port = _port(_flag(sidecar["args"], "--health"))
+    assert server["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": health_port}
+    server_port = next(p["containerPort"] for p in server["ports"] if p["name"] == "http")
+    assert server["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert server["livenessProbe"]["httpGet"]["port"] == "http"
+    assert _port(_flag(sidecar["args"], "--server-metrics")) == server_port
+    assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert {p["containerPort"] for p in sidecar["ports"]} == {health_port}
+    env = {e["name"]: e for e in sidecar["env"]}
+    for var, field in (("K8S_POD_NAME", "metadata.name"), ("K8S_POD_UID", "metadata.uid"),
+                       ("K8S_NAMESPACE_NAME", "metadata.namespace")):  # fmt: skip
+        assert env[var]["valueFrom"]["fieldRef"]["fieldPath"] == field
+    assert env["K8S_CONTAINER_NAME"]["value"] == server["name"]
+    assert server["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_the_daemonset_mounts_what_it_reads_and_exports_to_the_processor() -> None:
+    objects = _render("overlays/cluster")
+    ds = _one(objects, "DaemonSet", "otel-gpu-node")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True and pod["runtimeClassName"] == "nvidia"
+    agent = _container(ds, "otel-gpu")
+    mounts = {m["name"]: m for m in agent["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    socket = _flag(agent["args"], "--pod-resources")
+    pr = mounts["pod-resources"]
+    assert socket.startswith(pr["mountPath"] + "/") and pr["readOnly"] is True
+    assert volumes["pod-resources"]["hostPath"]["path"] == pr["mountPath"]
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    proc = mounts["host-proc"]
+    assert env["OTEL_GPU_PROC_ROOT"] == proc["mountPath"] and proc["readOnly"] is True
+    assert volumes["host-proc"]["hostPath"]["path"] == "/proc"
+    assert env["CUDA_VISIBLE_DEVICES"] == "all"
+    assert agent["securityContext"]["readOnlyRootFilesystem"] is True
+    account = _one(objects, "ServiceAccount", pod["serviceAccountName"])
+    assert account["automountServiceAccountToken"] is False
+    assert not [o for o in objects if o["kind"] in ("Role", "ClusterRole")]  # no API access
+
+    service = _one(objects, "Service", "otel-gpu-processor")
+    endpoint = _flag(agent["args"], "--endpoint").removeprefix("http://")
+    host, port = endpoint.rsplit(":", 1)
+    assert host == service["metadata"]["name"]
+    assert int(port) in {p["port"] for p in service["spec"]["ports"]}
+
+
+def test_the_processor_keeps_its_state_on_the_claim() -> None:
+    objects = _render("overlays/cluster")
+    deploy = _one(objects, "Deployment", "otel-gpu-processor")
+    assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"]["type"] == "Recreate"
+    processor = _container(deploy, "processor")
+    volume = next(v for v in deploy["spec"]["template"]["spec"]["volumes"] if v["name"] == "state")
+    claim = _one(objects, "PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    mount = next(m for m in processor["volumeMounts"] if m["name"] == "state")
+    assert _flag(processor["args"], "--state").startswith(mount["mountPath"] + "/")
+    names = {p["name"]: p["containerPort"] for p in processor["ports"]}
+    assert _port(_flag(processor["args"], "--listen")) == names["otlp-grpc"]
+    assert processor["readinessProbe"]["httpGet"]["port"] == "health"
+    assert _port(_flag(processor["args"], "--health")) == names["health"]
+    service = _one(objects, "Service", "otel-gpu-processor")
+    assert service["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= set(names)
