@@ -233,3 +233,39 @@ def test_bad_sidecar_settings_are_one_line_and_exit_2(
     )  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [line]
+
+
+def test_sidecar_records_what_it_sampled_and_analyze_replays_it(tmp_path: Path) -> None:
+    # A server process with a name of its own, so --match finds it and nothing else.
+    exe = tmp_path / "otelgpu-rec-server"
+    exe.symlink_to(sys.executable)
+    server = subprocess.Popen([str(exe), "-c", "import time; time.sleep(60)"])
+    record = tmp_path / "pod.csv"
+    summary = tmp_path / "summary.json"
+    try:
+        side = subprocess.Popen(
+            [sys.executable, "-m", "otel_gpu.cli", "sidecar", "--match", "otelgpu-rec-server",
+             "--simulate", "leak", "--interval", "0.2", "--exporter", "none",
+             "--record", str(record), "--summary-json", str(summary)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+        )  # fmt: skip
+        _until("rows recorded", lambda: record.exists() and record.stat().st_size > 2000, 60)
+        side.send_signal(signal.SIGTERM)
+        out, err = side.communicate(timeout=30)
+    finally:
+        server.kill()
+        server.wait()
+    assert side.returncode == 0, err
+    assert "up 00:" not in err  # no live view in a pod's log unless --view
+    header, *rows = record.read_text().splitlines()
+    assert "subject" in header.split(",") and rows
+    subjects = {r.split(",")[header.split(",").index("subject")] for r in rows}
+    assert any(s.startswith("gpu:") for s in subjects)
+    assert any(s.startswith(f"process:{server.pid}@") for s in subjects)
+    replay = subprocess.run(
+        [sys.executable, "-m", "otel_gpu.cli", "analyze", str(record)],
+        capture_output=True, text=True, timeout=60, env=_env(),
+    )  # fmt: skip
+    assert replay.returncode == 0, replay.stderr
+    assert f"{len(rows)} samples" in replay.stderr
+    assert json.loads(summary.read_text())["gpus"]

@@ -141,16 +141,24 @@ def _check_writable(path: str, flag: str) -> None:
 
 
 def describe_export(settings: Any) -> str:
-    """``metrics to http://localhost:4317`` / ``metrics printed as JSON`` / ``no metric export``."""
-    if settings.exporter == "none":
-        return "no metric export"
-    if settings.exporter == "console":
-        return "metrics printed to stdout as JSON"
+    """Where the metrics go, e.g. ``metrics over OTLP to http://localhost:4317`` (several
+    exporters joined with "and"), or ``no metric export``."""
     from urllib.parse import urlsplit
 
-    endpoint = settings.endpoint or os.environ.get(
-        "OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4317"
-    )
-    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-    # Only scheme, host and port: a URL may carry credentials.
-    return f"metrics over OTLP to {parts.scheme}://{parts.hostname}:{parts.port or ''}"
+    said = []
+    for name in settings.exporters:
+        if name == "console":
+            said.append("metrics printed to stdout as JSON")
+        elif name == "prometheus":
+            port = os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464")
+            said.append(f"metrics served for Prometheus on port {port}")
+        elif name == "otlp":
+            endpoint = settings.endpoint or os.environ.get(
+                "OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4317"
+            )
+            parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+            # Only scheme, host and port: a URL may carry credentials.
+            said.append(
+                f"metrics over OTLP to {parts.scheme}://{parts.hostname}:{parts.port or ''}"
+            )
+    return " and ".join(said) or "no metric export"

@@ -22,6 +22,7 @@ from otel_gpu.commands.common import (
     settings_from_args,
     setup_logging,
 )
+from otel_gpu.commands.outputs import RunOutputs, add_output_options
 from otel_gpu.config import Settings
 from otel_gpu.errors import UsageError
 
@@ -67,6 +68,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "K8S_POD_NAME and K8S_NAMESPACE_NAME set, take the pod's GPUs from the kubelet",
     )
     add_agent_options(parser)
+    add_output_options(parser)
     parser.set_defaults(func=sidecar)
 
 
@@ -106,12 +108,16 @@ def sidecar(args: argparse.Namespace) -> int:
     serving = ServingConditions(ServingConfig.from_env(env))
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    # In a pod stderr is the pod's log: the live view only when asked for (--view); a
+    # recording and the summary JSON work as for run and watch.
+    args.quiet = not args.view
+    outputs = RunOutputs(args, "otel-gpu sidecar")
     endpoints = AgentEndpoints(settings, {"/readyz": readiness.verdict})
     try:
         roots = _roots(args.match, settings.proc_root, stop)
         if roots is None:
             return 0  # asked to stop before anything matched
-        return _watch(settings, env, roots, args, readiness, serving, endpoints, stop)
+        return _watch(settings, env, roots, args, readiness, serving, endpoints, outputs, stop)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -126,6 +132,7 @@ def _watch(
     readiness: Readiness,
     serving: ServingConditions,
     endpoints: AgentEndpoints,
+    outputs: RunOutputs,
     stop: threading.Event,
 ) -> int:
     from otel_gpu.agent import Agent
@@ -176,6 +183,7 @@ def _watch(
                 dispatch(t)
 
     agent.sampler.add_listener(on_snapshot)
+    outputs.attach(agent.sampler, agent.watchdog)
     attribution = None
     if args.pod_resources:
         from otel_gpu.k8s.attribution import NodeAttribution
@@ -192,6 +200,7 @@ def _watch(
         if helper is not None:
             helper.start()
     endpoints.attach(agent)
+    outputs.start("the pod's processes", roots[0], settings)
     log.info("watching PIDs %s; health on %s", roots, settings.health or "(off)")
     try:
         stop.wait()
@@ -205,6 +214,7 @@ def _watch(
         if attribution is not None:
             steps.insert(0, ("attribution", attribution.stop))
         close_all(steps, settings.shutdown_timeout_s)
+        outputs.finish(None)
     return 0
 
 
