@@ -74,6 +74,9 @@ IDENTITY_KEYS = (
 )
 _MAX_VALUE_CHARS = 128  # attribute values used in subject names are cut to this length
 _MAX_CACHE = 50_000  # entries per cache before it is cleared
+# Bytes of keys per cache before it is cleared: a client sending a new 4 MB resource with every
+# request must not grow the processor by 4 MB a request.
+_MAX_CACHE_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,10 +216,12 @@ class MetricsDecoder:
         self._min_ns = int(min_time_unix_s * 1e9)
         self._max_future_ns = int(max_future_s * 1e9)
         self._resources: dict[bytes, ResourceInfo] = {}
+        self._resource_bytes = 0
         # reporter label -> metric name -> attributes -> target / _SKIP / job tuple / _REPARSE;
         # attributes as a data point's encoded tail (fast path) or a tuple of encoded KeyValues
         self._targets: dict[str, dict[str, dict[_Key, Any]]] = {}
         self._entries = 0
+        self._key_bytes = 0  # bytes of the attribute keys in _targets
         self._generation = -1
 
     def _resolve(self, sink: Sink, res: ResourceInfo, kind: str, fld: int, pa: PointAttrs) -> Any:
@@ -251,9 +256,13 @@ class MetricsDecoder:
         """Parse ``raw`` and feed its routed points to ``sink``. DecodeError if malformed."""
         req = MetricsRequestView.FromString(raw)
         out = Decoded()
-        if sink.generation != self._generation or self._entries > _MAX_CACHE:
+        if (
+            sink.generation != self._generation
+            or self._entries > _MAX_CACHE
+            or self._key_bytes > _MAX_CACHE_BYTES
+        ):
             self._targets.clear()
-            self._entries = 0
+            self._entries = self._key_bytes = 0
             self._generation = sink.generation
         lo, hi = self._min_ns, now_ns + self._max_future_ns
         routes, resources, targets = ROUTES, self._resources, self._targets
@@ -276,9 +285,14 @@ class MetricsDecoder:
                         rraw = rm.resource
                         res = resources.get(rraw)
                         if res is None:
-                            if len(resources) >= _MAX_CACHE:
+                            if (
+                                len(resources) >= _MAX_CACHE
+                                or self._resource_bytes > _MAX_CACHE_BYTES
+                            ):
                                 resources.clear()
+                                self._resource_bytes = 0
                             res = resources[rraw] = resource_info(rraw)
+                            self._resource_bytes += len(rraw)
                         by_metric = targets.setdefault(res.label, {})
                     cache = by_metric.get(name)
                     if cache is None:
@@ -296,6 +310,7 @@ class MetricsDecoder:
                             if tg is None and not _plain_tail(key):
                                 tg = cache[key] = _REPARSE  # more than attributes follow
                                 self._entries += 1  # (the cache stays bounded)
+                                self._key_bytes += len(key)
                             has_value = True
                         else:
                             tg = _REPARSE
@@ -319,6 +334,7 @@ class MetricsDecoder:
                                 sink, res, kind, fld, point_attrs(attrs)
                             )
                             self._entries += 1
+                            self._key_bytes += sum(map(len, attrs))
                         if tg is _SKIP:
                             continue
                         if tg is _OVERFLOW:

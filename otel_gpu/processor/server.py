@@ -2,17 +2,22 @@
 
 Requests arrive through generic gRPC handlers with identity (de)serializers, so the processor
 holds the exact bytes the client sent and forwards them unchanged (a rejected point is the only
-thing ever cut out). Per request: bearer token -> admission (in-flight cap, optional rate) ->
-decode the routed series and run detection (metrics) or check the framing (traces, logs) ->
-queue the bytes for every downstream -> reply, with ``partial_success`` when points were
-rejected. Refusals: UNAUTHENTICATED (token), RESOURCE_EXHAUSTED with a RetryInfo delay
-(overload; the OTel exporters wait that long and retry), INVALID_ARGUMENT (malformed).
+thing ever cut out). Per request: bearer token (checked from the call's metadata before its body
+is read) -> admission (memory limit, in-flight cap, optional rate) -> a full protobuf parse
+(what is accepted is valid OTLP, so one client's bytes can never spoil a merged downstream call
+for another) -> detection on the routed series (metrics) -> queue the bytes for every
+downstream -> reply, with ``partial_success`` when points were rejected. Refusals:
+UNAUTHENTICATED (token), RESOURCE_EXHAUSTED with a RetryInfo delay (overload or memory; the OTel
+exporters wait that long and retry), INVALID_ARGUMENT (malformed), RESOURCE_EXHAUSTED from gRPC
+itself for a body over ``max_recv_bytes`` after decompression.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import os
+import sqlite3
 import threading
 import time
 from concurrent import futures
@@ -21,10 +26,13 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsPartialSuccess,
+    ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_gpu.detect.breaker import Breaker, BreakerConfig
 from otel_gpu.detect.engine import Engine
@@ -33,8 +41,11 @@ from otel_gpu.processor.config import ProcessorConfig, format_hostport, parse_ho
 from otel_gpu.processor.decode import strip_rejected
 from otel_gpu.processor.forward import Forwarder
 from otel_gpu.processor.health import HealthServer
+from otel_gpu.processor.memlimit import MemoryLimiter
 from otel_gpu.processor.pipeline import Actions, Detection
+from otel_gpu.processor.queue import DiskQueue, ForwardQueue, MemoryQueue, queue_file
 from otel_gpu.processor.store import StateStore
+from otel_gpu.processor.telemetry import SIGNALS, self_metrics_request
 from otel_gpu.processor.wire import (
     HEALTH_NOT_SERVING,
     HEALTH_SERVICE,
@@ -45,13 +56,19 @@ from otel_gpu.processor.wire import (
     METRICS_SERVICE,
     TRACE_EXPORT,
     TRACE_SERVICE,
-    EnvelopeView,
     retry_trailers,
 )
 
 log = logging.getLogger("otel_gpu.processor")
 
 _TICK_S = 0.2  # how often pending points, evictions and detector metrics are looked at
+
+# The full parse that validates each request before it is accepted, per export method.
+_PARSERS: dict[str, Any] = {
+    METRICS_EXPORT: ExportMetricsServiceRequest,
+    TRACE_EXPORT: ExportTraceServiceRequest,
+    LOGS_EXPORT: ExportLogsServiceRequest,
+}
 
 
 class _Refused(Exception):
@@ -91,6 +108,7 @@ class Processor:
         engine: Engine | None = None,
         breaker_config: BreakerConfig | None = None,
         actions: Any = None,
+        memory: MemoryLimiter | None = None,
     ) -> None:
         self.config = config
         self._token = None if config.token is None else config.token.encode()
@@ -107,14 +125,15 @@ class Processor:
         self.forwarders = [
             Forwarder(
                 d,
-                config.queue_requests,
-                config.queue_bytes,
+                self._queue_for(d.target),
                 config.forward_timeout_s,
                 config.forward_retry_s,
                 config.max_recv_bytes,
+                durable=config.queue_dir is not None,
             )
             for d in config.forward
         ]
+        self.memory = memory or MemoryLimiter(config.memory_limit_mib * 1024 * 1024)
         act: Actions | None = actions
         self.detection = Detection(
             config, engine or Engine(), breaker, self._store, act, self._send
@@ -122,7 +141,10 @@ class Processor:
         self._inflight = threading.BoundedSemaphore(config.max_inflight)
         self._rate = _RateLimit(config.max_requests_per_s) if config.max_requests_per_s else None
         self._counts: dict[str, int] = {}
+        self._signals = {s: {"accepted": 0, "refused": 0} for s in SIGNALS.values()}
         self._counts_lock = threading.Lock()
+        self._start_ns = time.time_ns()
+        self._last_self_export = time.monotonic()
         self._last_accept: float | None = None
         self._stopping = False
         self._stopped = threading.Event()
@@ -131,6 +153,19 @@ class Processor:
         self._health: HealthServer | None = None
         self.address = ""  # bound gRPC address (after start)
         self.health_address = ""
+
+    def _queue_for(self, target: str) -> ForwardQueue:
+        cfg = self.config
+        if cfg.queue_dir is None:
+            return MemoryQueue(cfg.queue_requests, cfg.queue_bytes)
+        try:
+            os.makedirs(cfg.queue_dir, exist_ok=True)
+            return DiskQueue(queue_file(cfg.queue_dir, target), cfg.queue_dir_bytes)
+        except (OSError, sqlite3.Error) as e:
+            raise UsageError(
+                f"--queue-dir {cfg.queue_dir!r}: cannot keep a queue there ({e}); "
+                "give a writable directory"
+            ) from None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -164,7 +199,9 @@ class Processor:
             raise UsageError(f"--listen {cfg.listen}: cannot listen there (port in use?)")
         self.address = format_hostport(host, bound)
         if cfg.health:
-            self._health = HealthServer(cfg.health, self.health, self.stats)
+            self._health = HealthServer(
+                cfg.health, self.health, self.stats, cfg.health_max_connections
+            )
             self.health_address = self._health.address
         server.start()
         self._server = server
@@ -199,9 +236,20 @@ class Processor:
     def _tick_loop(self) -> None:
         while not self._stopped.wait(_TICK_S):
             try:
+                self.memory.check()
                 self.detection.tick()
+                now = time.monotonic()
+                every = self.config.telemetry_interval_s
+                if every and now - self._last_self_export >= every:
+                    self._last_self_export = now
+                    self._export_self_metrics()
             except Exception:  # a bug here must not end ticking for good
-                log.exception("detection tick failed")
+                log.exception("processor tick failed")
+
+    def _export_self_metrics(self) -> None:
+        """The processor's own counters, downstream as OTLP metrics (as the Collector does)."""
+        if self.forwarders:
+            self._send(METRICS_EXPORT, self_metrics_request(self.stats(), self._start_ns))
 
     # -- gRPC plumbing -------------------------------------------------------------------------
 
@@ -218,26 +266,62 @@ class Processor:
             HEALTH_SERVICE: {"Check": unary(self._grpc_health)},
         }
 
+        processor = self
+        refusals = {
+            path: grpc.stream_unary_rpc_method_handler(self._unauthenticated(SIGNALS[path]))
+            for path in _PARSERS
+        }
+
         class Handler(grpc.GenericRpcHandler):
             def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-                service, _, method = details.method.lstrip("/").rpartition("/")  # type: ignore[attr-defined]
-                return services.get(service, {}).get(method)
+                path: str = details.method  # type: ignore[attr-defined]
+                service, _, method = path.lstrip("/").rpartition("/")
+                handler = services.get(service, {}).get(method)
+                if handler is not None and path in _PARSERS and not processor._authorized(details):
+                    # Refused from the metadata alone: a stream handler that never reads the
+                    # body, so unauthenticated bytes are never buffered or decoded.
+                    return refusals[path]
+                return handler
 
         return Handler()
 
+    def _authorized(self, details: grpc.HandlerCallDetails) -> bool:
+        if self._token is None:
+            return True
+        for key, value in details.invocation_metadata or ():  # type: ignore[attr-defined]
+            if key == "authorization":
+                given = value.encode() if isinstance(value, str) else value
+                scheme, _, token = given.partition(b" ")
+                if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._token):
+                    return True
+        return False
+
+    def _unauthenticated(self, signal: str) -> Any:
+        def refuse(requests: Any, context: grpc.ServicerContext) -> bytes:
+            self._count("unauthenticated", signal)
+            context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing or wrong bearer token: send header 'authorization: Bearer <token>'",
+            )
+            raise AssertionError("unreachable")  # abort() raises
+
+        return refuse
+
     def _rpc(self, method: str, body: Any) -> Any:
+        signal = SIGNALS[method]
+
         def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
             try:
-                self._authorize(context)
                 self._admit()
                 try:
                     reply = body(method, request)
                 finally:
                     self._inflight.release()
                 self._last_accept = time.monotonic()
+                self._count("", signal)
                 return reply  # type: ignore[no-any-return]
             except _Refused as r:
-                self._count(r.code.name.lower())
+                self._count(r.code.name.lower(), signal)
                 if r.retry_s is not None:
                     context.set_trailing_metadata(
                         retry_trailers(r.code.value[0], r.message, r.retry_s)
@@ -251,23 +335,17 @@ class Processor:
 
         return handle
 
-    def _authorize(self, context: grpc.ServicerContext) -> None:
-        if self._token is None:
-            return
-        for key, value in context.invocation_metadata() or ():
-            if key == "authorization":
-                given = value.encode() if isinstance(value, str) else value
-                scheme, _, token = given.partition(b" ")
-                if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._token):
-                    return
-        raise _Refused(
-            grpc.StatusCode.UNAUTHENTICATED,
-            "missing or wrong bearer token: send header 'authorization: Bearer <token>'",
-        )
-
     def _admit(self) -> None:
         """Take an in-flight slot (released by the caller) or refuse with a retry delay."""
         retry = self.config.retry_after_s
+        if self.memory.limited:
+            raise _Refused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"processor memory {self.memory.rss / 2**20:.0f} MiB is above its soft limit "
+                f"({self.memory.soft / 2**20:.0f} MiB of --memory-limit-mib "
+                f"{self.memory.hard / 2**20:.0f}); retry later",
+                retry,
+            )
         if not self._inflight.acquire(blocking=False):
             raise _Refused(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -291,6 +369,7 @@ class Processor:
 
     def export_metrics(self, method: str, raw: bytes) -> bytes:
         """Handle one encoded ExportMetricsServiceRequest; returns the encoded response."""
+        self._validate(method, raw)
         try:
             decoded = self.detection.ingest_metrics(raw)
         except DecodeError as e:
@@ -319,13 +398,19 @@ class Processor:
             )
         ).SerializeToString()
 
-    def _export_opaque(self, method: str, raw: bytes) -> bytes:
+    def _validate(self, method: str, raw: bytes) -> None:
+        """Parse ``raw`` in full (framing, every field's type, UTF-8 strings): INVALID_ARGUMENT
+        for anything a strict downstream could refuse to decode."""
         try:
-            EnvelopeView.FromString(raw)
+            _PARSERS[method].FromString(raw)
         except DecodeError as e:
             raise _Refused(
-                grpc.StatusCode.INVALID_ARGUMENT, f"not a valid OTLP export request ({e})"
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"not a valid OTLP export request ({e}); nothing of it was accepted",
             ) from None
+
+    def _export_opaque(self, method: str, raw: bytes) -> bytes:
+        self._validate(method, raw)
         self._count("traces_requests" if method == TRACE_EXPORT else "logs_requests")
         if raw:
             self._send(method, raw)
@@ -335,9 +420,14 @@ class Processor:
         for f in self.forwarders:
             f.submit(method, payload)
 
-    def _count(self, name: str) -> None:
+    def _count(self, name: str, signal: str | None = None) -> None:
+        """Count ``name`` (if any) and, with ``signal``, that signal's accepted ("" name) or
+        refused request."""
         with self._counts_lock:
-            self._counts[name] = self._counts.get(name, 0) + 1
+            if name:
+                self._counts[name] = self._counts.get(name, 0) + 1
+            if signal is not None:
+                self._signals[signal]["refused" if name else "accepted"] += 1
 
     # -- health and stats ------------------------------------------------------------------------
 
@@ -345,6 +435,20 @@ class Processor:
         """(healthy, one line) by the rule documented in :mod:`otel_gpu.processor.health`."""
         if self._stopping:
             return False, "stopping"
+        if self._store.last_error:
+            return False, (
+                f"degraded: the state store {self.config.state_path} fails "
+                f"({self._store.last_error}; {self._store.errors} failures); "
+                "detection and forwarding go on"
+            )
+        for f in self.forwarders:
+            if f.queue_failing:
+                return False, f"degraded: the forward queue of {f.downstream.target} cannot write"
+        if self.memory.limited:
+            return False, (
+                f"degraded: memory {self.memory.rss / 2**20:.0f} MiB above the soft limit "
+                f"{self.memory.soft / 2**20:.0f} MiB; refusing exports with a retry delay"
+            )
         last = self._last_accept
         if last is None:
             return True, "ok: waiting for data"
@@ -360,17 +464,33 @@ class Processor:
         """Counters: requests by outcome, detection, each downstream, actions (no secrets)."""
         with self._counts_lock:
             out: dict[str, Any] = dict(self._counts)
+            out["signals"] = {s: dict(c) for s, c in self._signals.items()}
         out["detection"] = asdict(self.detection.stats())
         out["forward"] = {
             f.downstream.target: {
                 "sent": f.sent,
                 "calls": f.calls,
                 "dropped": f.dropped,
+                "refused": f.refused,
                 "failed": f.failed,
                 "retries": f.retries,
+                "partial_rejected": f.partial_rejected,
                 "queued": f.depth(),
+                "queued_bytes": f.queued_bytes(),
+                "queue_errors": f.queue_errors,
+                "durable": f.durable,
             }
             for f in self.forwarders
+        }
+        out["store"] = {
+            "errors": self._store.errors,
+            "lost": self._store.lost,
+            "failing": bool(self._store.last_error),
+        }
+        out["memory"] = {
+            "rss_bytes": self.memory.rss,
+            "soft_limit_bytes": self.memory.soft,
+            "limited": self.memory.limited,
         }
         if self._actions is not None and hasattr(self._actions, "stats"):
             out["actions"] = asdict(self._actions.stats)
