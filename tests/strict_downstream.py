@@ -45,6 +45,7 @@ class StrictDownstream:
 
     def __init__(self, port: int = 0, *, partial_rejected: int = 0) -> None:
         self.resources: dict[str, Counter[str]] = {m: Counter() for m in PARSERS}
+        self.requests: list[Any] = []  # every metrics request accepted, decoded
         self.calls = 0
         self.refused = 0
         self.partial_rejected = partial_rejected
@@ -78,6 +79,8 @@ class StrictDownstream:
                 if any(REJECT_KEY in resource_attrs(rm) for rm in items):
                     self.refused += 1
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, "marked resource refused")
+                if method == METRICS_EXPORT:
+                    self.requests.append(request)
                 for rm in items:
                     self.resources[method][resource_attrs(rm).get("service.instance.id", "")] += 1
                 self._cond.notify_all()
@@ -91,6 +94,10 @@ class StrictDownstream:
             return ExportTraceServiceResponse() if method == TRACE_EXPORT else ExportLogsServiceResponse()
 
         return handle
+
+    def decoded(self) -> list[Any]:
+        with self._cond:
+            return list(self.requests)
 
     def count(self, instance: str, method: str = METRICS_EXPORT) -> int:
         with self._cond:

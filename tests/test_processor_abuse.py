@@ -1,0 +1,233 @@
+"""The processor bounded under abuse: memory limiter, receive cap after decompression, auth
+before the body, per-reporter quotas, bounded health server, clock steps, self-telemetry."""
+
+from __future__ import annotations
+
+import gzip
+import socket
+import threading
+import time
+import urllib.request
+
+import grpc
+import pytest
+from strict_downstream import StrictDownstream
+from test_processor_peers import call
+
+from otel_gpu.detect.breaker import Breaker, BreakerConfig
+from otel_gpu.detect.engine import Engine
+from otel_gpu.detect.model import Point
+from otel_gpu.processor import Downstream, Processor, ProcessorConfig
+from otel_gpu.processor.assemble import Assembler
+from otel_gpu.processor.decode import DEVICE, F_USED, ResourceInfo
+from otel_gpu.processor.memlimit import MemoryLimiter
+from otel_gpu.processor.pipeline import Detection
+from otel_gpu.processor.store import StateStore
+from otel_gpu.processor.synth import agent_request
+from otel_gpu.processor.wire import METRICS_EXPORT
+
+T0 = int((time.time() - 3600) * 1e9)
+MIB = 1024 * 1024
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.mark.parametrize(
+    ("readings", "limited"),
+    [
+        ([100 * MIB], False),
+        ([799 * MIB], False),
+        ([801 * MIB, 801 * MIB], True),  # above 80 % of 1000 MiB, still after releasing
+        ([900 * MIB, 500 * MIB], False),  # releasing memory brought it back under
+    ],
+)
+def test_memory_limiter_refuses_above_the_soft_limit(readings, limited):
+    values = iter(readings)
+    released = []
+    lim = MemoryLimiter(1000 * MIB, read=lambda: next(values), release=lambda: released.append(1))
+    assert lim.check() is limited
+    assert bool(released) == (readings[0] > 800 * MIB)
+
+
+def start(**kw) -> Processor:  # type: ignore[no-untyped-def]
+    memory = kw.pop("memory", None)
+    p = Processor(ProcessorConfig(listen="127.0.0.1:0", **kw), memory=memory)
+    p.start()
+    return p
+
+
+def raw(k: int = 0, instance: str = "run-1") -> bytes:
+    return agent_request(  # type: ignore[no-any-return]
+        T0 + k * 15_000_000_000, gpus=1, processes=1, instance=instance
+    ).SerializeToString()
+
+
+def test_over_the_memory_limit_exports_are_refused_with_retry_info():
+    rss = [100 * MIB]
+    lim = MemoryLimiter(1000 * MIB, read=lambda: rss[0], release=lambda: None)
+    proc = start(memory=lim)
+    try:
+        call(proc.address, METRICS_EXPORT, raw())
+        rss[0] = 950 * MIB
+        lim.check()
+        with pytest.raises(grpc.RpcError) as e:
+            call(proc.address, METRICS_EXPORT, raw(1))
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--memory-limit-mib" in e.value.details()
+        assert "google.rpc.retryinfo-bin" in dict(e.value.trailing_metadata())
+        assert proc.health()[0] is False and "memory" in proc.health()[1]
+        rss[0] = 200 * MIB
+        lim.check()
+        call(proc.address, METRICS_EXPORT, raw(2))  # accepted again
+        assert proc.stats()["signals"]["metrics"] == {"accepted": 2, "refused": 1}
+    finally:
+        proc.stop(2)
+
+
+def test_the_receive_cap_holds_after_decompression():
+    proc = start(max_recv_bytes=64 * 1024)
+    try:
+        bomb = b"\x00" * (1 * MIB)  # 1 MiB of zeros: about 1 kB on the wire with gzip
+        assert len(gzip.compress(bomb)) < 64 * 1024
+        with pytest.raises(grpc.RpcError) as e:
+            call(proc.address, METRICS_EXPORT, bomb, compression=grpc.Compression.Gzip)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        call(proc.address, METRICS_EXPORT, raw())  # the service is unharmed
+    finally:
+        proc.stop(2)
+
+
+def test_unauthenticated_calls_are_refused_before_their_body_is_read():
+    proc = start(token="s3cret", max_recv_bytes=64 * 1024)
+    try:
+        # Over the receive cap *and* garbage: refused for the token, so the body was never read.
+        with pytest.raises(grpc.RpcError) as e:
+            call(proc.address, METRICS_EXPORT, b"\xff" * (256 * 1024))
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert proc.stats()["unauthenticated"] == 1
+        call(proc.address, METRICS_EXPORT, raw(), metadata=[("authorization", "Bearer s3cret")])
+    finally:
+        proc.stop(2)
+
+
+def _reporter(name: str) -> ResourceInfo:
+    return ResourceInfo(f"host.name={name}", (("host.name", name),), f"host.name={name}")
+
+
+def test_one_reporter_cannot_fill_the_subject_cap_for_the_others():
+    asm = Assembler(lambda s, p: None, max_series=1000, grace_s=1.0, ttl_s=3600.0, per_reporter=100)
+    bomb = _reporter("bomb")
+    refused = sum(asm.target(bomb, DEVICE, f"GPU-{i}", None, F_USED) is None for i in range(5000))
+    assert refused == 4900 and len(asm) == 100
+    good = [_reporter(f"node-{n}") for n in range(8)]
+    assert all(asm.target(r, DEVICE, f"GPU-{g}", None, F_USED) for r in good for g in range(8))
+    assert len(asm) == 100 + 64
+
+
+def test_overflow_counts_each_refused_point_once():
+    det = Detection(
+        ProcessorConfig(max_series=2),
+        Engine(),
+        Breaker(BreakerConfig()),
+        StateStore(None),
+        None,
+        lambda m, b: None,
+    )
+    # 1 GPU + 1 process: gpu, process_gpu, process_rss subjects; the cap of 2 refuses one.
+    det.ingest_metrics(raw(0))
+    first = det.stats().overflow
+    det.ingest_metrics(raw(1))
+    assert first >= 1 and det.stats().overflow == 2 * first
+
+
+def test_a_wall_clock_step_evicts_nothing_and_judgement_stays_on_data_time():
+    wall, mono = Clock(time.time()), Clock(1000.0)
+    seen: list[Point] = []
+
+    class Recording(Engine):
+        def observe(self, subject, point):  # type: ignore[no-untyped-def]
+            seen.append(point)
+            return super().observe(subject, point)
+
+    det = Detection(
+        ProcessorConfig(assemble_grace_s=1.0),
+        Recording(),
+        Breaker(BreakerConfig()),
+        StateStore(None),
+        None,
+        lambda m, b: None,
+        wall=wall,
+        clock=mono,
+    )
+    det.ingest_metrics(raw(0))
+    subjects = det.stats().subjects
+    assert subjects >= 2
+    wall.t += 32 * 60  # NTP steps the wall clock forward 32 minutes (> the 30 min TTL)
+    mono.t += 31  # half a minute of real time: eviction is looked at
+    det.tick()
+    assert det.stats().subjects == subjects
+    assert seen and {p.time for p in seen} == {T0 / 1e9}  # judged at the data's own time
+
+
+def test_health_server_threads_stay_bounded_under_idle_connections():
+    proc = start(health="127.0.0.1:0", health_max_connections=8)
+    host, port = proc.health_address.rsplit(":", 1)
+    before = threading.active_count()
+    socks = []
+    try:
+        for _ in range(200):
+            s = socket.create_connection((host, int(port)))
+            socks.append(s)
+        time.sleep(0.3)
+        assert threading.active_count() - before <= 8
+    finally:
+        for s in socks:
+            s.close()
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # the idle slots free up (closed by the clients or the idle timeout)
+            try:
+                with urllib.request.urlopen(f"http://{proc.health_address}/healthz", timeout=3) as r:
+                    assert r.status == 200
+                    break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+    finally:
+        proc.stop(2)
+
+
+def test_self_telemetry_goes_downstream_as_otlp_metrics():
+    down = StrictDownstream()
+    proc = start(forward=(Downstream(down.address),), telemetry_interval_s=0.2)
+    try:
+        call(proc.address, METRICS_EXPORT, raw())
+        with pytest.raises(grpc.RpcError):
+            call(proc.address, METRICS_EXPORT, b"\xff\xff")
+        assert down.wait_for(lambda: down.count("") >= 1)  # the processor's own resource
+        got: dict[str, float] = {}
+        deadline = time.monotonic() + 10
+        while "otel_gpu.processor.requests.refused" not in got:
+            assert time.monotonic() < deadline
+            for req in down.decoded():
+                for rm in req.resource_metrics:
+                    for m in rm.scope_metrics[0].metrics:
+                        for dp in m.sum.data_points or m.gauge.data_points:
+                            a = {kv.key: kv.value.string_value for kv in dp.attributes}
+                            if a.get("signal", "metrics") == "metrics":
+                                got[m.name] = dp.as_int or dp.as_double
+            time.sleep(0.1)
+        assert got["otel_gpu.processor.requests.accepted"] >= 1
+        assert got["otel_gpu.processor.requests.refused"] == 1
+        assert "otel_gpu.processor.forward.queue.size" in got
+        assert "otel_gpu.processor.store.errors" in got
+        assert "otel_gpu.processor.memory.limited" in got
+    finally:
+        proc.stop(2)
+        down.close()
