@@ -134,9 +134,11 @@ class StateStore:
                     row = ("ok",)  # held by another process: reads and writes fail, counted
                 if row is None or row[0] != "ok":
                     raise sqlite3.DatabaseError(f"integrity check: {row and row[0]}")
-                with contextlib.suppress(sqlite3.OperationalError):  # locked: stays as it is
+                # Locked by another process: set on a later start; writes fail and are counted.
+                with contextlib.suppress(sqlite3.OperationalError):
                     db.execute("PRAGMA journal_mode=WAL")
-                db.execute("PRAGMA synchronous=FULL")
+                with contextlib.suppress(sqlite3.OperationalError):
+                    db.execute("PRAGMA synchronous=FULL")
             with contextlib.suppress(sqlite3.OperationalError):  # locked: tables exist
                 db.executescript(_SCHEMA)
                 db.commit()
