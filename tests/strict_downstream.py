@@ -91,7 +91,11 @@ class StrictDownstream:
                         error_message="too old" if self.partial_rejected else "",
                     )
                 )
-            return ExportTraceServiceResponse() if method == TRACE_EXPORT else ExportLogsServiceResponse()
+            return (
+                ExportTraceServiceResponse()
+                if method == TRACE_EXPORT
+                else ExportLogsServiceResponse()
+            )
 
         return handle
 

@@ -193,7 +193,9 @@ def test_health_server_threads_stay_bounded_under_idle_connections():
         deadline = time.monotonic() + 10
         while True:  # the idle slots free up (closed by the clients or the idle timeout)
             try:
-                with urllib.request.urlopen(f"http://{proc.health_address}/healthz", timeout=3) as r:
+                with urllib.request.urlopen(
+                    f"http://{proc.health_address}/healthz", timeout=3
+                ) as r:
                     assert r.status == 200
                     break
             except OSError:

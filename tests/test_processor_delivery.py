@@ -79,9 +79,10 @@ def strict() -> Iterator[StrictDownstream]:
 
 
 def start(down: StrictDownstream | None, **overrides) -> Processor:  # type: ignore[no-untyped-def]
+    forward = (Downstream(down.address),) if down else ()
     cfg = ProcessorConfig(
         listen="127.0.0.1:0",
-        forward=(Downstream(down.address),) if down else (),
+        forward=overrides.pop("forward", forward),
         forward_retry_s=overrides.pop("forward_retry_s", 5.0),
         **overrides,
     )
@@ -228,3 +229,75 @@ def test_a_damaged_disk_queue_is_moved_aside_and_a_fresh_one_begins(tmp_path, ca
     assert any("moved it to" in r.getMessage() for r in caplog.records)
     assert [p.name for p in tmp_path.iterdir() if ".corrupt-" in p.name]
     q.close()
+
+
+def test_testbed_outage_refusals_while_the_disk_queue_is_full_are_all_delivered_later(tmp_path):
+    """checklist 39/40: downstream down, the disk queue fills, the processor refuses with a
+    retry delay (nothing accepted then dropped), the client retries what was refused; once the
+    downstream is back every request arrives exactly once."""
+    port = free_port()
+    size = len(request("tb", 0))
+    proc = start(
+        None,
+        forward=(Downstream(f"127.0.0.1:{port}"),),
+        queue_dir=str(tmp_path / "q"),
+        queue_dir_bytes=10 * size + size // 2,
+    )
+    pending = [request("tb", k) for k in range(30)]
+    refused_seen = False
+    down = None
+    try:
+        deadline = time.monotonic() + 60
+        while pending:
+            assert time.monotonic() < deadline
+            retry = []
+            for p in pending:
+                try:
+                    call(proc.address, METRICS_EXPORT, p)
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    assert "disk queue" in e.details()
+                    refused_seen = True
+                    retry.append(p)
+            pending = retry
+            if refused_seen and down is None:
+                down = StrictDownstream(port)  # the outage ends
+            time.sleep(0.2)
+        assert refused_seen
+        assert down is not None and down.wait_for(lambda: down.count("tb") == 30, timeout=30)
+        time.sleep(0.3)
+        assert down.count("tb") == 30
+        assert proc.stats()["forward"][f"127.0.0.1:{port}"]["dropped"] == 0
+    finally:
+        proc.stop(2)
+        if down is not None:
+            down.close()
+
+
+def test_unknown_fields_are_accepted_and_forwarded_byte_for_byte(strict):
+    # Forward compatibility (checklist 37): a field this OTLP version does not know.
+    body = request("fwd", 0) + b"\xfa\x3e\x03abc"  # field 999, length-delimited
+    proc = start(strict)
+    try:
+        call(proc.address, METRICS_EXPORT, body)
+        assert strict.wait_for(lambda: strict.count("fwd") == 1)
+    finally:
+        proc.stop(2)
+
+
+def test_a_non_utf8_attribute_value_is_refused_whole():
+    # checklist 38: a strict downstream cannot decode it, so it is never accepted.
+    req = ExportMetricsServiceRequest.FromString(request("utf", 0))
+    m = req.resource_metrics[0].scope_metrics[0].metrics[0]
+    points = m.gauge.data_points or m.sum.data_points
+    points[0].attributes.append(KeyValue(key="note", value=AnyValue(string_value="PLACEHOLDER")))
+    body = req.SerializeToString().replace(
+        b"PLACEHOLDER", b"\xff\xfe\xfd\xfc\xfb\xfa\xf9\xf8\xf7\xf6\xf5"
+    )
+    proc = start(None)
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            call(proc.address, METRICS_EXPORT, body)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        proc.stop(2)

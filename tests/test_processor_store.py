@@ -11,7 +11,6 @@ import threading
 import time
 
 import pytest
-
 from test_processor_peers import leak_requests
 
 from otel_gpu.detect.breaker import OPEN, Breaker, BreakerConfig, Transition

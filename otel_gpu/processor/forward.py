@@ -12,7 +12,8 @@ requests are one repeated field, so their encodings concatenate into the encodin
 merged request. Every request was fully parsed before it was accepted, so a merged call holds
 only valid OTLP; still, when a downstream rejects a merged call as invalid, its requests are
 sent again one by one, so one client's data that a stricter downstream refuses never costs
-another client theirs. ``partial_success`` answers are counted and logged once per episode.
+another client theirs. Rejections and ``partial_success`` answers are counted and logged once
+per episode (until a call succeeds in full).
 """
 
 from __future__ import annotations
@@ -123,6 +124,7 @@ class Forwarder:
         self.calls = 0  # downstream calls made (several queued requests may share one)
         self.partial_rejected = 0  # items the downstream reported rejected in partial_success
         self._partial_warned = False
+        self._rejected_warned = False
         self._linger_s = linger_s
         self._batch_bytes = max(1, min(max_message_bytes, 4 * 1024 * 1024))
         self._thread = threading.Thread(
@@ -150,6 +152,10 @@ class Forwarder:
         with self._cond:
             self._cond.notify()
         return True
+
+    def room(self, size: int) -> bool:
+        """Whether a request of ``size`` bytes would be queued now."""
+        return not self._closing and self._queue.room(size)
 
     def depth(self) -> int:
         """Requests waiting to be sent."""
@@ -214,18 +220,22 @@ class Forwarder:
                 return "deadline"
             try:
                 reply = self._call(method)(payload, timeout=min(self._timeout, remaining))
+                self._rejected_warned = False
                 self._partial(reply)
                 return "ok"
             except grpc.RpcError as e:
                 code = e.code() if hasattr(e, "code") else None
                 if code not in _RETRYABLE:
                     self.failed += 1
-                    log.warning(
-                        "forward to %s rejected (%s: %s): dropped the request",
-                        self.downstream.target,
-                        code,
-                        e.details() if hasattr(e, "details") else "",
-                    )
+                    if not self._rejected_warned:  # once per episode, until a call succeeds
+                        self._rejected_warned = True
+                        log.warning(
+                            "forward to %s rejected (%s: %s): dropped the request; further "
+                            "rejections are counted in /stats forward.failed",
+                            self.downstream.target,
+                            code,
+                            e.details() if hasattr(e, "details") else "",
+                        )
                     return "invalid"
                 delay = retry_delay(e)
                 if delay is None:

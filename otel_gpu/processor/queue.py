@@ -38,6 +38,8 @@ class ForwardQueue(Protocol):
 
     def put(self, method: str, payload: bytes) -> bool: ...
 
+    def room(self, size: int) -> bool: ...
+
     def peek(self, limit: int, max_bytes: int) -> list[tuple[int, str, bytes]]: ...
 
     def ack(self, ids: list[int]) -> None: ...
@@ -61,12 +63,13 @@ class MemoryQueue:
         self.errors = 0  # stays 0: the memory queue cannot fail to write
         self.failing = False
 
+    def room(self, size: int) -> bool:
+        """Whether a request of ``size`` bytes would fit now."""
+        return len(self._items) < self._max_requests and self._size + size <= self._max_bytes
+
     def put(self, method: str, payload: bytes) -> bool:
         with self._lock:
-            if (
-                len(self._items) >= self._max_requests
-                or self._size + len(payload) > self._max_bytes
-            ):
+            if not self.room(len(payload)):
                 return False
             self._next += 1
             self._items.append((self._next, method, payload))
@@ -163,6 +166,10 @@ class DiskQueue:
         if not self.failing:  # once per episode; cleared by the next success
             self.failing = True
             log.error("forward queue %s: %s failed: %s", self.path, what, e)
+
+    def room(self, size: int) -> bool:
+        """Whether a request of ``size`` bytes would fit now (and the disk is writing)."""
+        return not self.failing and self._size + size <= self._max_bytes
 
     def put(self, method: str, payload: bytes) -> bool:
         """Commit one request; False when the queue is full or the disk refuses it."""

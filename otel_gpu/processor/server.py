@@ -367,9 +367,24 @@ class Processor:
 
     # -- request bodies (also the in-process path used by the benchmark) ------------------------
 
+    def _check_room(self, size: int) -> None:
+        """With --queue-dir nothing accepted may be lost: while a disk queue is full (or its
+        disk fails), refuse with a retry delay, before detection sees the data, so that the
+        client keeps it and sends it again. A memory queue drops and counts instead: a dead
+        downstream must not stop detection for everyone."""
+        for f in self.forwarders:
+            if f.durable and not f.room(size):
+                raise _Refused(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the disk queue for {f.downstream.target} is full (--queue-dir-mib) or "
+                    "failing; retry later",
+                    self.config.retry_after_s,
+                )
+
     def export_metrics(self, method: str, raw: bytes) -> bytes:
         """Handle one encoded ExportMetricsServiceRequest; returns the encoded response."""
         self._validate(method, raw)
+        self._check_room(len(raw))
         try:
             decoded = self.detection.ingest_metrics(raw)
         except DecodeError as e:
@@ -411,6 +426,7 @@ class Processor:
 
     def _export_opaque(self, method: str, raw: bytes) -> bytes:
         self._validate(method, raw)
+        self._check_room(len(raw))
         self._count("traces_requests" if method == TRACE_EXPORT else "logs_requests")
         if raw:
             self._send(method, raw)
