@@ -12,6 +12,7 @@ import urllib.request
 import grpc
 import pytest
 from strict_downstream import StrictDownstream
+from test_processor_cli import cli
 from test_processor_peers import call
 
 from otel_gpu.detect.breaker import Breaker, BreakerConfig
@@ -233,3 +234,20 @@ def test_self_telemetry_goes_downstream_as_otlp_metrics():
     finally:
         proc.stop(2)
         down.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--memory-limit-mib", "10"], "--memory-limit-mib must be 0 (off) or an integer >= 64"),
+        (["--max-recv-mib", "0"], "--max-recv-mib gives 0 bytes, below the minimum"),
+        (["--max-series-per-reporter", "0"], "--max-series-per-reporter must be an integer >= 1"),
+        (["--queue-dir", "/dev/null/q"], "--queue-dir '/dev/null/q': cannot keep a queue there"),
+        (["--telemetry-interval", "-1"], "--telemetry-interval must be a number >= 0"),
+    ],
+)
+def test_bad_limits_are_one_line_usage_errors(args, fragment):
+    r = cli("--forward", "127.0.0.1:9", *args)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in r.stderr

@@ -138,10 +138,8 @@ class ProcessorConfig:
         counts = (
             ("max_series", "--max-series"),
             ("max_inflight", "--max-inflight"),
-            ("max_recv_bytes", "max_recv_bytes"),
             ("queue_requests", "--queue-size"),
             ("queue_bytes", "queue_bytes"),
-            ("queue_dir_bytes", "--queue-dir-mib"),
             ("max_series_per_reporter", "--max-series-per-reporter"),
             ("health_max_connections", "health_max_connections"),
         )
@@ -149,11 +147,16 @@ class ProcessorConfig:
             v = getattr(self, attr)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise UsageError(f"{name} must be an integer >= 1, got {v!r}")
-        if self.max_recv_bytes < 1024:
-            raise UsageError(
-                f"--max-recv-mib gives {self.max_recv_bytes} bytes: a request limit must be "
-                "at least 1 KiB (default 4 MiB)"
-            )
+        for attr, name, least in (
+            ("max_recv_bytes", "--max-recv-mib", 1024),
+            ("queue_dir_bytes", "--queue-dir-mib", 1024),
+        ):
+            v = getattr(self, attr)
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise UsageError(
+                    f"{name} gives {v!r} bytes, below the minimum of {least} bytes; "
+                    "give a size in MiB such as the default"
+                )
         m = self.memory_limit_mib
         if isinstance(m, bool) or not isinstance(m, int) or (m != 0 and m < 64):
             raise UsageError(f"--memory-limit-mib must be 0 (off) or an integer >= 64, got {m!r}")

@@ -137,11 +137,6 @@ class Forwarder:
         """Writes or reads the disk queue failed (0 for a memory queue)."""
         return self._queue.errors
 
-    @property
-    def queue_failing(self) -> bool:
-        """The disk queue's last write or read failed."""
-        return self._queue.failing
-
     def submit(self, method: str, payload: bytes) -> bool:
         """Queue ``payload`` for ``method`` (e.g. the metrics Export path); False if refused."""
         if self._closing or not self._queue.put(method, payload):
@@ -163,6 +158,28 @@ class Forwarder:
 
     def queued_bytes(self) -> int:
         return self._queue.bytes()
+
+    def snapshot(self) -> dict[str, int | bool]:
+        """The counters, for /stats and self-telemetry."""
+        return {
+            "sent": self.sent,
+            "calls": self.calls,
+            "dropped": self.dropped,
+            "refused": self.refused,
+            "failed": self.failed,
+            "retries": self.retries,
+            "partial_rejected": self.partial_rejected,
+            "queued": self.depth(),
+            "queued_bytes": self.queued_bytes(),
+            "queue_errors": self.queue_errors,
+            "durable": self.durable,
+        }
+
+    def problem(self) -> str | None:
+        """Why health is degraded by this downstream's queue, if it is."""
+        if self._queue.failing:
+            return f"the disk queue of {self.downstream.target} cannot be written"
+        return None
 
     def _call(self, method: str) -> grpc.UnaryUnaryMultiCallable:
         call = self._calls.get(method)

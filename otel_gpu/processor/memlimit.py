@@ -76,3 +76,16 @@ class MemoryLimiter:
         if self.limited and not was:
             self.episodes += 1
         return self.limited
+
+    def snapshot(self) -> dict[str, int | bool]:
+        """The readings, for /stats and self-telemetry."""
+        return {"rss_bytes": self.rss, "soft_limit_bytes": self.soft, "limited": self.limited}
+
+    def problem(self) -> str | None:
+        """Why health is degraded by memory, if it is."""
+        if not self.limited:
+            return None
+        return (
+            f"memory {self.rss / 2**20:.0f} MiB above the soft limit "
+            f"{self.soft / 2**20:.0f} MiB; refusing exports with a retry delay"
+        )

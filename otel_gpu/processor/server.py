@@ -14,7 +14,6 @@ itself for a body over ``max_recv_bytes`` after decompression.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 import sqlite3
@@ -37,6 +36,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from otel_gpu.detect.breaker import Breaker, BreakerConfig
 from otel_gpu.detect.engine import Engine
 from otel_gpu.errors import UsageError
+from otel_gpu.processor.admission import Admission, Refused
 from otel_gpu.processor.config import ProcessorConfig, format_hostport, parse_hostport
 from otel_gpu.processor.decode import strip_rejected
 from otel_gpu.processor.forward import Forwarder
@@ -71,33 +71,6 @@ _PARSERS: dict[str, Any] = {
 }
 
 
-class _Refused(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str, retry_s: float | None = None):
-        super().__init__(message)
-        self.code, self.message, self.retry_s = code, message, retry_s
-
-
-class _RateLimit:
-    """Token bucket over requests (burst = one second's worth)."""
-
-    def __init__(self, per_s: float) -> None:
-        self.per_s = per_s
-        self._tokens = max(per_s, 1.0)
-        self._at = time.monotonic()
-        self._lock = threading.Lock()
-
-    def take(self) -> float:
-        """0 if admitted, else seconds until a token is due."""
-        with self._lock:
-            now = time.monotonic()
-            self._tokens = min(max(self.per_s, 1.0), self._tokens + (now - self._at) * self.per_s)
-            self._at = now
-            if self._tokens >= 1.0:
-                self._tokens -= 1.0
-                return 0.0
-            return (1.0 - self._tokens) / self.per_s
-
-
 class Processor:
     """One processor service. ``start()`` binds and serves; ``stop()`` drains (bounded)."""
 
@@ -111,7 +84,6 @@ class Processor:
         memory: MemoryLimiter | None = None,
     ) -> None:
         self.config = config
-        self._token = None if config.token is None else config.token.encode()
         self._store = StateStore(config.state_path)
         bcfg = breaker_config or BreakerConfig()
         saved = self._store.load_breaker()
@@ -134,12 +106,11 @@ class Processor:
             for d in config.forward
         ]
         self.memory = memory or MemoryLimiter(config.memory_limit_mib * 1024 * 1024)
+        self._admission = Admission(config, self.memory)
         act: Actions | None = actions
         self.detection = Detection(
             config, engine or Engine(), breaker, self._store, act, self._send
         )
-        self._inflight = threading.BoundedSemaphore(config.max_inflight)
-        self._rate = _RateLimit(config.max_requests_per_s) if config.max_requests_per_s else None
         self._counts: dict[str, int] = {}
         self._signals = {s: {"accepted": 0, "refused": 0} for s in SIGNALS.values()}
         self._counts_lock = threading.Lock()
@@ -173,7 +144,7 @@ class Processor:
         cfg = self.config
         host, port = parse_hostport(cfg.listen, "--listen")
         server = grpc.server(
-            # More threads than in-flight slots, so an excess request reaches _admit and is
+            # More threads than in-flight slots, so an excess request reaches admit() and is
             # refused with a RetryInfo delay instead of waiting in gRPC's queue.
             futures.ThreadPoolExecutor(
                 max_workers=cfg.max_inflight + 2, thread_name_prefix="otel-gpu-rpc"
@@ -266,7 +237,7 @@ class Processor:
             HEALTH_SERVICE: {"Check": unary(self._grpc_health)},
         }
 
-        processor = self
+        admission = self._admission
         refusals = {
             path: grpc.stream_unary_rpc_method_handler(self._unauthenticated(SIGNALS[path]))
             for path in _PARSERS
@@ -277,24 +248,19 @@ class Processor:
                 path: str = details.method  # type: ignore[attr-defined]
                 service, _, method = path.lstrip("/").rpartition("/")
                 handler = services.get(service, {}).get(method)
-                if handler is not None and path in _PARSERS and not processor._authorized(details):
+                if (
+                    handler is not None
+                    and path in _PARSERS
+                    and not admission.authorized(
+                        details.invocation_metadata  # type: ignore[attr-defined]
+                    )
+                ):
                     # Refused from the metadata alone: a stream handler that never reads the
                     # body, so unauthenticated bytes are never buffered or decoded.
                     return refusals[path]
                 return handler
 
         return Handler()
-
-    def _authorized(self, details: grpc.HandlerCallDetails) -> bool:
-        if self._token is None:
-            return True
-        for key, value in details.invocation_metadata or ():  # type: ignore[attr-defined]
-            if key == "authorization":
-                given = value.encode() if isinstance(value, str) else value
-                scheme, _, token = given.partition(b" ")
-                if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._token):
-                    return True
-        return False
 
     def _unauthenticated(self, signal: str) -> Any:
         def refuse(requests: Any, context: grpc.ServicerContext) -> bytes:
@@ -312,15 +278,15 @@ class Processor:
 
         def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
             try:
-                self._admit()
+                self._admission.admit()
                 try:
                     reply = body(method, request)
                 finally:
-                    self._inflight.release()
+                    self._admission.release()
                 self._last_accept = time.monotonic()
                 self._count("", signal)
                 return reply  # type: ignore[no-any-return]
-            except _Refused as r:
+            except Refused as r:
                 self._count(r.code.name.lower(), signal)
                 if r.retry_s is not None:
                     context.set_trailing_metadata(
@@ -335,33 +301,6 @@ class Processor:
 
         return handle
 
-    def _admit(self) -> None:
-        """Take an in-flight slot (released by the caller) or refuse with a retry delay."""
-        retry = self.config.retry_after_s
-        if self.memory.limited:
-            raise _Refused(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"processor memory {self.memory.rss / 2**20:.0f} MiB is above its soft limit "
-                f"({self.memory.soft / 2**20:.0f} MiB of --memory-limit-mib "
-                f"{self.memory.hard / 2**20:.0f}); retry later",
-                retry,
-            )
-        if not self._inflight.acquire(blocking=False):
-            raise _Refused(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"processor busy ({self.config.max_inflight} requests in flight)",
-                retry,
-            )
-        if self._rate is not None:
-            wait = self._rate.take()
-            if wait > 0:
-                self._inflight.release()
-                raise _Refused(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"over the admission rate of {self._rate.per_s:g} requests/s",
-                    max(retry, wait),
-                )
-
     def _grpc_health(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         return HEALTH_SERVING if self.health()[0] else HEALTH_NOT_SERVING
 
@@ -374,7 +313,7 @@ class Processor:
         downstream must not stop detection for everyone."""
         for f in self.forwarders:
             if f.durable and not f.room(size):
-                raise _Refused(
+                raise Refused(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"the disk queue for {f.downstream.target} is full (--queue-dir-mib) or "
                     "failing; retry later",
@@ -388,7 +327,7 @@ class Processor:
         try:
             decoded = self.detection.ingest_metrics(raw)
         except DecodeError as e:
-            raise _Refused(
+            raise Refused(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"not a valid OTLP ExportMetricsServiceRequest ({e})",
             ) from None
@@ -399,7 +338,7 @@ class Processor:
             try:
                 payload = strip_rejected(raw, decoded.bad)
             except DecodeError as e:
-                raise _Refused(
+                raise Refused(
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"not a valid OTLP ExportMetricsServiceRequest ({e})",
                 ) from None
@@ -419,7 +358,7 @@ class Processor:
         try:
             _PARSERS[method].FromString(raw)
         except DecodeError as e:
-            raise _Refused(
+            raise Refused(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"not a valid OTLP export request ({e}); nothing of it was accepted",
             ) from None
@@ -451,20 +390,11 @@ class Processor:
         """(healthy, one line) by the rule documented in :mod:`otel_gpu.processor.health`."""
         if self._stopping:
             return False, "stopping"
-        if self._store.last_error:
-            return False, (
-                f"degraded: the state store {self.config.state_path} fails "
-                f"({self._store.last_error}; {self._store.errors} failures); "
-                "detection and forwarding go on"
-            )
-        for f in self.forwarders:
-            if f.queue_failing:
-                return False, f"degraded: the forward queue of {f.downstream.target} cannot write"
-        if self.memory.limited:
-            return False, (
-                f"degraded: memory {self.memory.rss / 2**20:.0f} MiB above the soft limit "
-                f"{self.memory.soft / 2**20:.0f} MiB; refusing exports with a retry delay"
-            )
+        problems = [self._store.problem(), self.memory.problem()]
+        problems += [f.problem() for f in self.forwarders]
+        for problem in problems:
+            if problem:
+                return False, f"degraded: {problem}"
         last = self._last_accept
         if last is None:
             return True, "ok: waiting for data"
@@ -482,32 +412,9 @@ class Processor:
             out: dict[str, Any] = dict(self._counts)
             out["signals"] = {s: dict(c) for s, c in self._signals.items()}
         out["detection"] = asdict(self.detection.stats())
-        out["forward"] = {
-            f.downstream.target: {
-                "sent": f.sent,
-                "calls": f.calls,
-                "dropped": f.dropped,
-                "refused": f.refused,
-                "failed": f.failed,
-                "retries": f.retries,
-                "partial_rejected": f.partial_rejected,
-                "queued": f.depth(),
-                "queued_bytes": f.queued_bytes(),
-                "queue_errors": f.queue_errors,
-                "durable": f.durable,
-            }
-            for f in self.forwarders
-        }
-        out["store"] = {
-            "errors": self._store.errors,
-            "lost": self._store.lost,
-            "failing": bool(self._store.last_error),
-        }
-        out["memory"] = {
-            "rss_bytes": self.memory.rss,
-            "soft_limit_bytes": self.memory.soft,
-            "limited": self.memory.limited,
-        }
+        out["forward"] = {f.downstream.target: f.snapshot() for f in self.forwarders}
+        out["store"] = self._store.snapshot()
+        out["memory"] = self.memory.snapshot()
         if self._actions is not None and hasattr(self._actions, "stats"):
             out["actions"] = asdict(self._actions.stats)
         return out

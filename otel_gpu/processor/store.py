@@ -287,6 +287,19 @@ class StateStore:
                     (_KEEP_ROWS,),
                 )
 
+    def snapshot(self) -> dict[str, int | bool]:
+        """The counters, for /stats and self-telemetry."""
+        return {"errors": self.errors, "lost": self.lost, "failing": bool(self.last_error)}
+
+    def problem(self) -> str | None:
+        """Why health is degraded by the store, if it is."""
+        if not self.last_error:
+            return None
+        return (
+            f"the state store {self.path} fails ({self.last_error}; {self.errors} failures); "
+            "detection and forwarding go on"
+        )
+
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until everything queued was written (or failed); False on timeout."""
         deadline = time.monotonic() + timeout_s
