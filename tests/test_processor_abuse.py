@@ -7,10 +7,15 @@ import gzip
 import socket
 import threading
 import time
+import tracemalloc
 import urllib.request
 
 import grpc
 import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from strict_downstream import StrictDownstream
 from test_processor_cli import cli
 from test_processor_peers import call
@@ -20,7 +25,7 @@ from otel_gpu.detect.engine import Engine
 from otel_gpu.detect.model import Point
 from otel_gpu.processor import Downstream, Processor, ProcessorConfig
 from otel_gpu.processor.assemble import Assembler
-from otel_gpu.processor.decode import DEVICE, F_USED, ResourceInfo
+from otel_gpu.processor.decode import DEVICE, F_USED, MetricsDecoder, ResourceInfo
 from otel_gpu.processor.memlimit import MemoryLimiter
 from otel_gpu.processor.pipeline import Detection
 from otel_gpu.processor.store import StateStore
@@ -251,3 +256,71 @@ def test_bad_limits_are_one_line_usage_errors(args, fragment):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in r.stderr
+
+
+def test_the_resource_cache_is_bounded_in_bytes_not_only_entries():
+    asm = Assembler(lambda s, p: None, max_series=10_000, grace_s=1.0, ttl_s=3600.0)
+    dec = MetricsDecoder(946_684_800.0, 3600.0, cache_bytes=4 * MIB)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for n in range(40):  # 40 requests, each with its own 1 MiB resource
+            req = agent_request(T0, gpus=1, processes=0, instance=f"big-{n}")
+            req.resource_metrics[0].resource.attributes.append(
+                KeyValue(key="blob", value=AnyValue(string_value="x" * MIB))
+            )
+            body = req.SerializeToString()
+            del req
+            dec.decode(body, asm, int(time.time() * 1e9))
+            del body
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert held < 8 * MIB  # not 40 MiB of cached resources
+
+
+def test_empty_envelopes_are_accepted_and_dropped():
+    down = StrictDownstream()
+    proc = start(forward=(Downstream(down.address),))
+    try:
+        req = ExportMetricsServiceRequest()
+        rm = req.resource_metrics.add()
+        rm.resource.attributes.add(key="service.instance.id").value.string_value = "empty"
+        rm.scope_metrics.add().metrics.add(name="no.points")
+        assert call(proc.address, METRICS_EXPORT, req.SerializeToString())[0] == b""
+        call(proc.address, METRICS_EXPORT, raw())  # a real one, to know forwarding works
+        assert down.wait_for(lambda: down.count("run-1") == 1)
+        assert down.count("empty") == 0 and proc.stats()["empty_requests"] == 1
+    finally:
+        proc.stop(2)
+        down.close()
+
+
+def test_deeply_nested_attribute_values_are_refused_and_the_service_lives():
+    # AnyValue{kvlist_value{values[KeyValue{key, value: AnyValue{...}}]}} nested 300 deep.
+    value = b"\x0a\x01x"  # AnyValue{string_value: "x"}
+    for _ in range(300):
+        kv = b"\x0a\x01k" + b"\x12" + _varint(len(value)) + value  # KeyValue{key, value}
+        kvlist = b"\x0a" + _varint(len(kv)) + kv  # KeyValueList{values}
+        value = b"\x32" + _varint(len(kvlist)) + kvlist  # AnyValue{kvlist_value (6)}
+    attr = b"\x0a\x04deep\x12" + _varint(len(value)) + value
+    resource = b"\x0a" + _varint(len(attr)) + attr
+    rm = b"\x0a" + _varint(len(resource)) + resource
+    body = b"\x0a" + _varint(len(rm)) + rm
+    proc = start()
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            call(proc.address, METRICS_EXPORT, body)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        call(proc.address, METRICS_EXPORT, raw())
+    finally:
+        proc.stop(2)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)

@@ -212,9 +212,12 @@ def point_attrs(encoded: Iterable[bytes]) -> PointAttrs:
 class MetricsDecoder:
     """Reads the routed series of OTLP metrics requests into a :class:`Sink`. Not thread-safe."""
 
-    def __init__(self, min_time_unix_s: float, max_future_s: float) -> None:
+    def __init__(
+        self, min_time_unix_s: float, max_future_s: float, cache_bytes: int = _MAX_CACHE_BYTES
+    ) -> None:
         self._min_ns = int(min_time_unix_s * 1e9)
         self._max_future_ns = int(max_future_s * 1e9)
+        self._cache_bytes = cache_bytes  # bound on the key bytes of each cache
         self._resources: dict[bytes, ResourceInfo] = {}
         self._resource_bytes = 0
         # reporter label -> metric name -> attributes -> target / _SKIP / job tuple / _REPARSE;
@@ -259,7 +262,7 @@ class MetricsDecoder:
         if (
             sink.generation != self._generation
             or self._entries > _MAX_CACHE
-            or self._key_bytes > _MAX_CACHE_BYTES
+            or self._key_bytes > self._cache_bytes
         ):
             self._targets.clear()
             self._entries = self._key_bytes = 0
@@ -287,7 +290,7 @@ class MetricsDecoder:
                         if res is None:
                             if (
                                 len(resources) >= _MAX_CACHE
-                                or self._resource_bytes > _MAX_CACHE_BYTES
+                                or self._resource_bytes > self._cache_bytes
                             ):
                                 resources.clear()
                                 self._resource_bytes = 0

@@ -22,12 +22,15 @@ import logging
 import random
 import threading
 import time
+from collections import Counter
+from typing import Any
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
 from otel_gpu.processor.config import Downstream
 from otel_gpu.processor.queue import ForwardQueue
+from otel_gpu.processor.telemetry import SIGNALS
 from otel_gpu.processor.wire import PartialSuccessView
 
 log = logging.getLogger(__name__)
@@ -118,6 +121,7 @@ class Forwarder:
         self._random = random.Random()
         self.sent = 0  # requests delivered
         self.dropped = 0  # requests lost: queue full, retries exhausted, rejected, shutdown
+        self.dropped_by_method: Counter[str] = Counter()  # the same, per export method
         self.refused = 0  # of those, refused because the queue was full (or the disk failed)
         self.failed = 0  # of those, rejected by the downstream with a non-retryable error
         self.retries = 0
@@ -141,12 +145,16 @@ class Forwarder:
         """Queue ``payload`` for ``method`` (e.g. the metrics Export path); False if refused."""
         if self._closing or not self._queue.put(method, payload):
             with self._cond:
-                self.dropped += 1
+                self._drop(method)
                 self.refused += 1
             return False
         with self._cond:
             self._cond.notify()
         return True
+
+    def _drop(self, method: str) -> None:
+        self.dropped += 1
+        self.dropped_by_method[method] += 1
 
     def room(self, size: int) -> bool:
         """Whether a request of ``size`` bytes would be queued now."""
@@ -159,9 +167,10 @@ class Forwarder:
     def queued_bytes(self) -> int:
         return self._queue.bytes()
 
-    def snapshot(self) -> dict[str, int | bool]:
+    def snapshot(self) -> dict[str, Any]:
         """The counters, for /stats and self-telemetry."""
         return {
+            "dropped_by_signal": {SIGNALS[m]: n for m, n in self.dropped_by_method.items()},
             "sent": self.sent,
             "calls": self.calls,
             "dropped": self.dropped,
@@ -225,7 +234,7 @@ class Forwarder:
                     if o == "ok":
                         self.sent += 1
                     else:
-                        self.dropped += 1
+                        self._drop(method)
 
     def _send(self, method: str, payload: bytes) -> str:
         """'ok', 'invalid' (rejected, not retryable), 'gave_up' or 'deadline' (shutdown)."""
@@ -306,5 +315,6 @@ class Forwarder:
         self._thread.join(timeout_s + 1.0)
         lost = self._queue.close()
         with self._cond:
-            self.dropped += lost
+            for method in lost:
+                self._drop(method)
         self._channel.close()

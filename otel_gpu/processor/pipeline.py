@@ -2,8 +2,9 @@
 
 One lock serializes the pipeline (the engine and breaker are not thread-safe, and with the GIL
 there is nothing to gain from finer locks). Per request the order is: decode, assemble, detect;
-then, if anything happened, commit alerts and transitions to the store, fire the actions, and
-queue the alert log records downstream: a notification never goes out before it is durable.
+then, if anything happened, queue alerts and transitions for the store and the alert log
+records for downstream. The store's writer thread fires the actions once the batch is written
+(never on the ingestion path): a notification never goes out before it is durable.
 The breaker runs on each subject's data time; a subject that stops sending keeps its state.
 
 Two clocks: judgement is on data time (each point's timestamp), housekeeping (the assembly

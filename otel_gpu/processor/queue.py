@@ -48,7 +48,7 @@ class ForwardQueue(Protocol):
 
     def bytes(self) -> int: ...
 
-    def close(self) -> int: ...
+    def close(self) -> list[str]: ...
 
 
 class MemoryQueue:
@@ -93,13 +93,13 @@ class MemoryQueue:
     def bytes(self) -> int:
         return self._size
 
-    def close(self) -> int:
-        """Forget what is left; returns how many requests that was."""
+    def close(self) -> list[str]:
+        """Forget what is left; returns the export method of each request forgotten."""
         with self._lock:
-            n = len(self._items)
+            lost = [m for _, m, _ in self._items]
             self._items.clear()
             self._size = 0
-            return n
+            return lost
 
 
 def _batch(items: list[tuple[int, str, bytes]], max_bytes: int) -> list[tuple[int, str, bytes]]:
@@ -220,8 +220,8 @@ class DiskQueue:
     def bytes(self) -> int:
         return self._size
 
-    def close(self) -> int:
-        """Close the file; what is left stays on disk for the next start (returns 0 lost)."""
+    def close(self) -> list[str]:
+        """Close the file; what is left stays on disk for the next start (nothing lost)."""
         with self._lock:
             self._db.close()
-        return 0
+        return []

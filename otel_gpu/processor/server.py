@@ -322,26 +322,15 @@ class Processor:
 
     def export_metrics(self, method: str, raw: bytes) -> bytes:
         """Handle one encoded ExportMetricsServiceRequest; returns the encoded response."""
-        self._validate(method, raw)
+        if not self._validate(method, raw):
+            return b""
         self._check_room(len(raw))
-        try:
-            decoded = self.detection.ingest_metrics(raw)
-        except DecodeError as e:
-            raise Refused(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"not a valid OTLP ExportMetricsServiceRequest ({e})",
-            ) from None
+        decoded = self.detection.ingest_metrics(raw)
         self._count("metrics_requests")
         payload = raw
         if decoded.rejected:
             self._count("rejected_requests")
-            try:
-                payload = strip_rejected(raw, decoded.bad)
-            except DecodeError as e:
-                raise Refused(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"not a valid OTLP ExportMetricsServiceRequest ({e})",
-                ) from None
+            payload = strip_rejected(raw, decoded.bad)
         if payload:
             self._send(method, payload)
         if not decoded.rejected:
@@ -352,23 +341,27 @@ class Processor:
             )
         ).SerializeToString()
 
-    def _validate(self, method: str, raw: bytes) -> None:
+    def _validate(self, method: str, raw: bytes) -> int:
         """Parse ``raw`` in full (framing, every field's type, UTF-8 strings): INVALID_ARGUMENT
-        for anything a strict downstream could refuse to decode."""
+        for anything a strict downstream could refuse to decode. Returns how many items (data
+        points, spans, log records) it holds; a request with none is accepted and dropped."""
         try:
-            _PARSERS[method].FromString(raw)
+            items = _items(method, _PARSERS[method].FromString(raw))
         except DecodeError as e:
             raise Refused(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"not a valid OTLP export request ({e}); nothing of it was accepted",
             ) from None
+        if not items:
+            self._count("empty_requests")
+        return items
 
     def _export_opaque(self, method: str, raw: bytes) -> bytes:
-        self._validate(method, raw)
+        if not self._validate(method, raw):
+            return b""
         self._check_room(len(raw))
         self._count("traces_requests" if method == TRACE_EXPORT else "logs_requests")
-        if raw:
-            self._send(method, raw)
+        self._send(method, raw)
         return b""
 
     def _send(self, method: str, payload: bytes) -> None:
@@ -418,6 +411,22 @@ class Processor:
         if self._actions is not None and hasattr(self._actions, "stats"):
             out["actions"] = asdict(self._actions.stats)
         return out
+
+
+def _items(method: str, req: Any) -> int:
+    """Data points, spans or log records in a parsed export request."""
+    if method == METRICS_EXPORT:
+        n = 0
+        for rm in req.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    kind = m.WhichOneof("data")
+                    if kind is not None:
+                        n += len(getattr(m, kind).data_points)
+        return n
+    if method == TRACE_EXPORT:
+        return sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+    return sum(len(sl.log_records) for rl in req.resource_logs for sl in rl.scope_logs)
 
 
 def _read(path: str) -> bytes:

@@ -3,7 +3,7 @@ Collector exports its ``otelcol_*`` metrics), from a :meth:`Processor.stats` sna
 
 Counters are cumulative since start: requests accepted and refused per signal, data points the
 decoder accepted, rejected and counted as overflow, requests each downstream delivered and
-dropped and items it reported rejected (``partial_success``), state-store errors. Gauges: each
+dropped (per signal) and items it reported rejected (``partial_success``), state-store errors. Gauges: each
 forward queue's length and bytes, resident memory and whether the memory limiter refuses.
 """
 
@@ -86,12 +86,24 @@ def self_metrics_request(stats: dict[str, Any], start_ns: int, now_ns: int | Non
         b.add(f"points.{key}", "{point}", desc, int(det.get(key, 0)))
     b.add("subjects", "{subject}", "detection subjects tracked", int(det.get("subjects", 0)), False)
     for target, f in stats.get("forward", {}).items():
-        for key, desc in (
-            ("sent", "requests delivered downstream"),
-            ("dropped", "requests lost for this downstream (counted, never silent)"),
-            ("partial_rejected", "items the downstream rejected in partial_success"),
-        ):
-            b.add(f"forward.{key}", "{request}", desc, int(f[key]), downstream=target)
+        b.add("forward.sent", "{request}", "requests delivered downstream", int(f["sent"]),
+              downstream=target)  # fmt: skip
+        for signal in SIGNALS.values():
+            b.add(
+                "forward.dropped",
+                "{request}",
+                "requests lost for this downstream (counted, never silent)",
+                int(f["dropped_by_signal"].get(signal, 0)),
+                downstream=target,
+                signal=signal,
+            )
+        b.add(
+            "forward.partial_rejected",
+            "{item}",
+            "items the downstream rejected in partial_success",
+            int(f["partial_rejected"]),
+            downstream=target,
+        )
         b.add("forward.queue.size", "{request}", "requests queued", int(f["queued"]), False,
               downstream=target)  # fmt: skip
         b.add("forward.queue.bytes", "By", "bytes queued", int(f["queued_bytes"]), False,
