@@ -21,6 +21,7 @@ from opentelemetry.sdk.resources import Resource
 from strict_downstream import REJECT_KEY, StrictDownstream
 from test_processor_peers import ProcessorProcess, call, free_port
 
+from otel_gpu.errors import UsageError
 from otel_gpu.processor import Downstream, Processor, ProcessorConfig
 from otel_gpu.processor.forward import backoff
 from otel_gpu.processor.queue import DiskQueue
@@ -301,3 +302,14 @@ def test_a_non_utf8_attribute_value_is_refused_whole():
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         proc.stop(2)
+
+
+def test_a_queue_dir_in_use_by_another_processor_is_a_usage_error(tmp_path):
+    cfg = dict(forward=(Downstream("127.0.0.1:9"),), queue_dir=str(tmp_path))
+    first = start(None, **cfg)
+    try:
+        with pytest.raises(UsageError, match="another processor is using it"):
+            Processor(ProcessorConfig(listen="127.0.0.1:0", **cfg))  # type: ignore[arg-type]
+    finally:
+        first.stop(1)
+    Processor(ProcessorConfig(listen="127.0.0.1:0", **cfg)).stop(1)  # type: ignore[arg-type]

@@ -132,6 +132,8 @@ class DiskQueue:
         self.failing = False  # the last disk operation failed (until one succeeds)
         try:
             self._db = self._open(path)
+        except sqlite3.OperationalError:
+            raise  # cannot open, or locked by another processor: the caller says which
         except sqlite3.DatabaseError as e:
             # A damaged queue file must not crash-loop the processor: keep it for inspection
             # and start an empty one.
@@ -155,7 +157,12 @@ class DiskQueue:
                 raise sqlite3.DatabaseError("integrity check failed")
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
+            # One processor per queue file: two would send the same requests twice. The lock
+            # is taken by the first write and held until the connection closes.
+            db.execute("PRAGMA locking_mode=EXCLUSIVE")
             db.execute(_SCHEMA)
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("COMMIT")
         except sqlite3.DatabaseError:
             db.close()
             raise

@@ -133,9 +133,13 @@ class Processor:
             os.makedirs(cfg.queue_dir, exist_ok=True)
             return DiskQueue(queue_file(cfg.queue_dir, target), cfg.queue_dir_bytes)
         except (OSError, sqlite3.Error) as e:
+            hint = (
+                "another processor is using it: give each processor its own directory"
+                if "locked" in str(e)
+                else "give a writable directory"
+            )
             raise UsageError(
-                f"--queue-dir {cfg.queue_dir!r}: cannot keep a queue there ({e}); "
-                "give a writable directory"
+                f"--queue-dir {cfg.queue_dir!r}: cannot keep a queue there ({e}); {hint}"
             ) from None
 
     # -- lifecycle -----------------------------------------------------------------------------
