@@ -266,6 +266,7 @@ def main() -> None:
 
     accepted = [s for c in good for s in c.accepted]
     delivered = sum(1 for s in accepted if seen.get(s, 0) >= 1)
+    points_delivered = sum(c.points for c in good for s in c.accepted if seen.get(s, 0) >= 1)
     duplicates = sum(max(0, seen.get(s, 0) - 1) for s in accepted)
     lat = sorted(x for c in good for x in c.latencies)
     points = sum(len(c.accepted) * c.points for c in good)
@@ -284,7 +285,8 @@ def main() -> None:
           f"memory limiter: {stats['memory']}")  # fmt: skip
     print(f"processor peak RSS (VmHWM): {peak:.0f} MiB")
     print(f"good requests delivered downstream: {delivered} of {len(accepted)} accepted "
-          f"({duplicates} duplicates); forward: {stats['forward'][down_addr]}")  # fmt: skip
+          f"({duplicates} duplicates); points: {points_delivered} of {points} accepted")  # fmt: skip
+    print(f"forward: {stats['forward'][down_addr]}")
     ratio = delivered / len(accepted) if accepted else 0.0
     print(json.dumps({
         "name": "processor_load_good_delivered",
