@@ -5,7 +5,7 @@ Setup, all on loopback: the processor as a child process (``otel-gpu processor``
 token, its default limits, and ``--queue-dir`` unless ``--memory-queue``), forwarding to a strict
 downstream child that fully decodes every request (opentelemetry-proto) and records which
 requests arrived. In this process: ``--clients`` (32) well-behaved agents, each sending one
-collection (2 GPUs, 4 processes: 46 points) every ``--interval`` seconds and, like the OTel
+collection (2 GPUs, 4 processes: 59 points) every ``--interval`` seconds and, like the OTel
 exporters, retrying after the RetryInfo delay when pushed back; and one hostile client sending,
 as fast as it can, in turn: garbage bytes, a request with a unique 3.5 MB resource, a
 cardinality bomb (40,000 distinct ``hw.id`` values in one request) and a 15 MiB request without
@@ -13,12 +13,13 @@ the token.
 
 Each good request carries its sequence number as a data point of a metric the detectors do not
 read, so the downstream can tell exactly which accepted requests arrived (and whether any
-arrived twice). Printed: good requests accepted and points/s, p50/p99 latency of accepted
-calls, refusals, what the hostile client's requests got, the processor's peak RSS (VmHWM), and
-delivered vs accepted for the good clients (must be equal). The JSON line's value is delivered,
-its baseline accepted.
+arrived twice). Two phases of ``--seconds`` each, a fresh processor each: the good clients
+alone (the baseline), then with the hostile client. Printed per phase: good requests accepted
+and points/s, p50/p99 latency of accepted calls, refusals, what the hostile client's requests
+got, the processor's peak RSS (VmHWM), and delivered vs accepted for the good clients (must be
+equal). The JSON line (hostile phase): value delivered, baseline accepted.
 
-    python benchmarks/bench_processor_load.py [--seconds 60] [--clients 32]
+    python benchmarks/bench_processor_load.py [--seconds 60] [--clients 32] [--memory-queue]
 """
 
 from __future__ import annotations
@@ -200,14 +201,9 @@ def _stats(health: str) -> dict[str, Any]:
         return json.loads(r.read())  # type: ignore[no-any-return]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=60.0, help="load duration")
-    ap.add_argument("--clients", type=int, default=32, help="well-behaved clients")
-    ap.add_argument("--interval", type=float, default=0.1, help="seconds between a client's sends")
-    ap.add_argument("--memory-queue", action="store_true", help="without --queue-dir")
-    args = ap.parse_args()
-
+def run(args: argparse.Namespace, with_hostile: bool) -> tuple[int, int]:
+    """One phase: a fresh downstream and processor, the good clients (and the hostile one) for
+    ``--seconds``; prints its figures and returns (good requests delivered, accepted)."""
     down = subprocess.Popen(
         [sys.executable, "-c", DOWNSTREAM, "127.0.0.1:0"],
         stdin=subprocess.PIPE,
@@ -241,13 +237,13 @@ def main() -> None:
     stop = threading.Event()
     good = [GoodClient(k, target, args.interval, stop) for k in range(args.clients)]
     hostile = HostileClient(target, stop)
+    clients: list[threading.Thread] = [*good, hostile] if with_hostile else [*good]
     t0 = time.monotonic()
-    for c in good:
+    for c in clients:
         c.start()
-    hostile.start()
     stop.wait(args.seconds)
     stop.set()
-    for c in [*good, hostile]:
+    for c in clients:
         c.join(15)
     elapsed = time.monotonic() - t0
 
@@ -272,7 +268,8 @@ def main() -> None:
     points = sum(len(c.accepted) * c.points for c in good)
     p50 = statistics.median(lat) * 1e3 if lat else float("nan")
     p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3 if lat else float("nan")
-    print(f"{args.clients} good clients + 1 hostile for {elapsed:.1f} s; queue: "
+    who = "+ 1 hostile" if with_hostile else "alone (baseline)"
+    print(f"== {args.clients} good clients {who} for {elapsed:.1f} s; queue: "
           f"{'memory' if args.memory_queue else 'disk (--queue-dir)'}")  # fmt: skip
     print(f"good requests accepted: {len(accepted)} ({len(accepted) / elapsed:.0f}/s, "
           f"{points / elapsed:,.0f} points/s); pushed back and retried: "
@@ -287,12 +284,23 @@ def main() -> None:
     print(f"good requests delivered downstream: {delivered} of {len(accepted)} accepted "
           f"({duplicates} duplicates); points: {points_delivered} of {points} accepted")  # fmt: skip
     print(f"forward: {stats['forward'][down_addr]}")
-    ratio = delivered / len(accepted) if accepted else 0.0
+    return delivered, len(accepted)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=60.0, help="duration of each phase")
+    ap.add_argument("--clients", type=int, default=32, help="well-behaved clients")
+    ap.add_argument("--interval", type=float, default=0.1, help="seconds between a client's sends")
+    ap.add_argument("--memory-queue", action="store_true", help="without --queue-dir")
+    args = ap.parse_args()
+    run(args, with_hostile=False)  # the baseline: what the good clients get without abuse
+    delivered, accepted = run(args, with_hostile=True)
     print(json.dumps({
         "name": "processor_load_good_delivered",
         "value": delivered,
-        "baseline": len(accepted),
-        "ratio": round(ratio, 4),
+        "baseline": accepted,
+        "ratio": round(delivered / accepted, 4) if accepted else 0.0,
         "unit": "requests",
     }))  # fmt: skip
 

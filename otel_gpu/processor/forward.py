@@ -225,16 +225,21 @@ class Forwarder:
                 outcomes = [self._send(method, p) for p in parts]
             else:
                 outcomes = [outcome] * len(parts)
-            if "deadline" in outcomes:
-                return  # shutting down: a disk queue keeps the rest; close() counts the rest
-            self._queue.ack([i for i, _, _ in batch])
+            # Requests cut off by shutdown stay queued: a disk queue keeps them for the next
+            # start, close() counts them as dropped for a memory queue.
+            done = [
+                (item[0], o) for item, o in zip(batch, outcomes, strict=True) if o != "deadline"
+            ]
+            self._queue.ack([i for i, _ in done])
             with self._cond:
                 self.calls += 1
-                for o in outcomes:
+                for _, o in done:
                     if o == "ok":
                         self.sent += 1
                     else:
                         self._drop(method)
+            if len(done) < len(batch):
+                return
 
     def _send(self, method: str, payload: bytes) -> str:
         """'ok', 'invalid' (rejected, not retryable), 'gave_up' or 'deadline' (shutdown)."""
