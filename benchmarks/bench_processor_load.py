@@ -6,10 +6,10 @@ token, its default limits, and ``--queue-dir`` unless ``--memory-queue``), forwa
 downstream child that fully decodes every request (opentelemetry-proto) and records which
 requests arrived. In this process: ``--clients`` (32) well-behaved agents, each sending one
 collection (2 GPUs, 4 processes: 59 points) every ``--interval`` seconds and, like the OTel
-exporters, retrying after the RetryInfo delay when pushed back; and one hostile client sending,
-as fast as it can, in turn: garbage bytes, a request with a unique 3.5 MB resource, a
-cardinality bomb (40,000 distinct ``hw.id`` values in one request) and a 15 MiB request without
-the token.
+exporters, retrying after the RetryInfo delay when pushed back; in a child process, one hostile
+client sending, as fast as the processor answers, in turn: garbage bytes, a request with a
+unique 3.5 MB resource, a cardinality bomb (40,000 new ``hw.id`` values in one request) and a
+15 MiB request without the token.
 
 Each good request carries its sequence number as a data point of a metric the detectors do not
 read, so the downstream can tell exactly which accepted requests arrived (and whether any
@@ -134,60 +134,58 @@ class GoodClient(threading.Thread):
             self.stop.wait(self.interval)
 
 
-class HostileClient(threading.Thread):
-    def __init__(self, target: str, stop: threading.Event) -> None:
-        super().__init__(daemon=True)
-        self.stop = stop
-        self.channel = grpc.insecure_channel(
-            target, options=[("grpc.max_send_message_length", 64 << 20)]
+_MARK = b"HOSTILE#"  # 8 bytes replaced in prebuilt payloads, so each request is new
+
+
+def hostile_payloads() -> list[tuple[str, bytes, bool]]:
+    """The attacks, built once: (name, body, sends the token)."""
+    t = int((time.time() - 60) * 1e9)
+    huge = agent_request(t, gpus=1, processes=1, instance="huge")
+    huge.resource_metrics[0].resource.attributes.append(
+        KeyValue(key="blob", value=AnyValue(string_value=_MARK.decode() + "x" * 3_500_000))
+    )
+    bomb = agent_request(t, gpus=1, processes=0, instance="bomb")
+    metric = next(
+        m
+        for m in bomb.resource_metrics[0].scope_metrics[0].metrics
+        if m.name == "hw.gpu.memory.usage"
+    )
+    value = metric.sum.data_points[0].as_int
+    for i in range(40_000):
+        dp = metric.sum.data_points.add(time_unix_nano=t, as_int=value)
+        dp.attributes.append(
+            KeyValue(key="hw.id", value=AnyValue(string_value=f"{_MARK.decode()}-{i:05d}"))
         )
-        self.call = self.channel.unary_unary(METRICS_EXPORT)
-        self.outcomes: Counter[str] = Counter()
-        self._rand = random.Random(7)
+    return [
+        ("garbage", random.Random(7).randbytes(64 * 1024), True),
+        ("huge resource", huge.SerializeToString(), True),
+        ("cardinality bomb", bomb.SerializeToString(), True),
+        ("15 MiB unauthenticated", b"\x0a" * (15 << 20), False),
+    ]
 
-    def attacks(self, n: int) -> tuple[str, bytes, bool]:
-        t = int((time.time() - 60) * 1e9)
-        kind = n % 4
-        if kind == 0:
-            return "garbage", self._rand.randbytes(64 * 1024), True
-        if kind == 1:
-            req = agent_request(t, gpus=1, processes=1, instance=f"huge-{n}")
-            req.resource_metrics[0].resource.attributes.append(
-                KeyValue(key="blob", value=AnyValue(string_value=f"{n}" + "x" * 3_500_000))
-            )
-            return "huge resource", req.SerializeToString(), True
-        if kind == 2:
-            req = agent_request(t, gpus=1, processes=0, instance="bomb")
-            metric = next(
-                m
-                for m in req.resource_metrics[0].scope_metrics[0].metrics
-                if m.name == "hw.gpu.memory.usage"
-            )
-            proto = metric.sum.data_points[0]
-            for i in range(40_000):
-                dp = metric.sum.data_points.add(time_unix_nano=t, as_int=proto.as_int)
-                dp.attributes.append(
-                    KeyValue(key="hw.id", value=AnyValue(string_value=f"X{n}-{i}"))
-                )
-            return "cardinality bomb", req.SerializeToString(), True
-        return "15 MiB unauthenticated", b"\x0a" * (15 << 20), False
 
-    def run(self) -> None:
-        n = 0
-        cached: dict[int, tuple[str, bytes, bool]] = {}
-        while not self.stop.is_set():
-            kind = n % 4
-            name, body, auth = (
-                cached[kind] if kind in (0, 3) and kind in cached else self.attacks(n)
-            )
-            cached.setdefault(kind, (name, body, auth))
-            md = (("authorization", f"Bearer {TOKEN}"),) if auth else ()
-            try:
-                self.call(body, metadata=md, timeout=10)
-                self.outcomes[f"{name}: OK"] += 1
-            except grpc.RpcError as e:
-                self.outcomes[f"{name}: {e.code().name}"] += 1
-            n += 1
+def hostile_main(target: str, seconds: float) -> None:
+    """The hostile client, in its own process (so it does not starve the good clients of this
+    one's interpreter): each attack in turn, as fast as the processor answers, for
+    ``seconds``; prints the outcomes as JSON."""
+    channel = grpc.insecure_channel(target, options=[("grpc.max_send_message_length", 64 << 20)])
+    call = channel.unary_unary(METRICS_EXPORT)
+    attacks = hostile_payloads()
+    outcomes: Counter[str] = Counter()
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        name, body, auth = attacks[n % len(attacks)]
+        if _MARK in body:  # a new resource, new hw.id values: nothing the caches hold
+            body = body.replace(_MARK, b"%08d" % n)
+        md = (("authorization", f"Bearer {TOKEN}"),) if auth else ()
+        try:
+            call(body, metadata=md, timeout=10)
+            outcomes[f"{name}: OK"] += 1
+        except grpc.RpcError as e:
+            outcomes[f"{name}: {e.code().name}"] += 1
+        n += 1
+    print(json.dumps(outcomes), flush=True)
 
 
 def _peak_rss_mib(pid: int) -> float:
@@ -236,16 +234,25 @@ def run(args: argparse.Namespace, with_hostile: bool) -> tuple[int, int]:
 
     stop = threading.Event()
     good = [GoodClient(k, target, args.interval, stop) for k in range(args.clients)]
-    hostile = HostileClient(target, stop)
-    clients: list[threading.Thread] = [*good, hostile] if with_hostile else [*good]
+    hostile = None
+    if with_hostile:
+        hostile = subprocess.Popen(
+            [sys.executable, __file__, "--hostile", target, "--seconds", str(args.seconds)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
     t0 = time.monotonic()
-    for c in clients:
+    for c in good:
         c.start()
     stop.wait(args.seconds)
     stop.set()
-    for c in clients:
+    for c in good:
         c.join(15)
     elapsed = time.monotonic() - t0
+    outcomes: dict[str, int] = {}
+    if hostile is not None:
+        out, _ = hostile.communicate(timeout=60)
+        outcomes = json.loads(out.strip().splitlines()[-1])
 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # let the forward queue drain
@@ -275,7 +282,7 @@ def run(args: argparse.Namespace, with_hostile: bool) -> tuple[int, int]:
           f"{points / elapsed:,.0f} points/s); pushed back and retried: "
           f"{sum(c.refused for c in good)}")  # fmt: skip
     print(f"latency of accepted calls: p50 {p50:.1f} ms, p99 {p99:.1f} ms")
-    for name, n in sorted(hostile.outcomes.items()):
+    for name, n in sorted(outcomes.items()):
         print(f"hostile {name}: {n}")
     det = stats["detection"]
     print(f"detection: {det['subjects']} subjects, {det['overflow']} overflow points; "
@@ -293,7 +300,11 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=32, help="well-behaved clients")
     ap.add_argument("--interval", type=float, default=0.1, help="seconds between a client's sends")
     ap.add_argument("--memory-queue", action="store_true", help="without --queue-dir")
+    ap.add_argument("--hostile", metavar="TARGET", help=argparse.SUPPRESS)  # the child's mode
     args = ap.parse_args()
+    if args.hostile:
+        hostile_main(args.hostile, args.seconds)
+        return
     run(args, with_hostile=False)  # the baseline: what the good clients get without abuse
     delivered, accepted = run(args, with_hostile=True)
     print(json.dumps({

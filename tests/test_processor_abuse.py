@@ -324,3 +324,28 @@ def _varint(n: int) -> bytes:
         out.append(b | (0x80 if n else 0))
         if not n:
             return bytes(out)
+
+
+def test_a_cardinality_bomb_through_the_decoder_counts_each_refused_point_once():
+    det = Detection(
+        ProcessorConfig(max_series_per_reporter=100),
+        Engine(),
+        Breaker(BreakerConfig()),
+        StateStore(None),
+        None,
+        lambda m, b: None,
+    )
+    req = agent_request(T0, gpus=1, processes=0, instance="bomb")
+    metric = next(
+        m
+        for m in req.resource_metrics[0].scope_metrics[0].metrics
+        if m.name == "hw.gpu.memory.usage"
+    )
+    for i in range(5000):
+        dp = metric.sum.data_points.add(time_unix_nano=T0, as_int=1 << 30)
+        dp.attributes.append(KeyValue(key="hw.id", value=AnyValue(string_value=f"X-{i}")))
+    det.ingest_metrics(req.SerializeToString())
+    # GPU-0 and 99 of the made-up GPUs fill the reporter's quota of 100 subjects.
+    assert det.stats().overflow == 5000 - 99 and det.stats().subjects == 100
+    det.ingest_metrics(raw(0, instance="legit"))  # another reporter is tracked in full
+    assert det.stats().subjects == 100 + 3

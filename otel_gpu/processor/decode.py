@@ -74,6 +74,10 @@ IDENTITY_KEYS = (
 )
 _MAX_VALUE_CHARS = 128  # attribute values used in subject names are cut to this length
 _MAX_CACHE = 50_000  # entries per cache before it is cleared
+# New attribute sets of one metric of one resource refused by the series caps, within one
+# request, after which its further new sets are counted as overflow without being parsed: a cardinality bomb
+# then costs the detection lock a dictionary lookup per point, not a parse.
+_FLOOD_REFUSALS = 64
 # Bytes of keys per cache before it is cleared: a client sending a new 4 MB resource with every
 # request must not grow the processor by 4 MB a request.
 _MAX_CACHE_BYTES = 32 * 1024 * 1024
@@ -301,6 +305,7 @@ class MetricsDecoder:
                     if cache is None:
                         cache = by_metric[name] = {}
                     kind, fld = route
+                    refused = 0  # new attribute sets the caps refused (see _FLOOD_REFUSALS)
                     for di, b in enumerate(NumberDataRawView.FromString(data).data_points):
                         # Fast path: the fixed-width head SDKs write (start time, time, value)
                         # read in place; the rest, the attributes, is the cache key as is.
@@ -310,7 +315,7 @@ class MetricsDecoder:
                             v = (_F64 if b[o + 9] == 0x21 else _I64)(b, o + 10)[0] or 0
                             key: Any = b[o + 18 :]
                             tg = cache.get(key)
-                            if tg is None and not _plain_tail(key):
+                            if tg is None and refused < _FLOOD_REFUSALS and not _plain_tail(key):
                                 tg = cache[key] = _REPARSE  # more than attributes follow
                                 self._entries += 1  # (the cache stays bounded)
                                 self._key_bytes += len(key)
@@ -332,12 +337,17 @@ class MetricsDecoder:
                             continue
                         accepted += 1
                         if tg is None:
+                            if refused >= _FLOOD_REFUSALS:
+                                sink.overflow += 1  # still flooding: counted, not parsed
+                                continue
                             attrs = key if type(key) is tuple else _tail_attrs(key)
                             tg = cache[key] = self._resolve(
                                 sink, res, kind, fld, point_attrs(attrs)
                             )
                             self._entries += 1
                             self._key_bytes += sum(map(len, attrs))
+                            if tg is _OVERFLOW:
+                                refused += 1
                         if tg is _SKIP:
                             continue
                         if tg is _OVERFLOW:
