@@ -245,6 +245,7 @@ class Forwarder:
         """'ok', 'invalid' (rejected, not retryable), 'gave_up' or 'deadline' (shutdown)."""
         give_up = time.monotonic() + self._retry_s
         attempt = 0
+        failing_since: float | None = None  # the first failure of this request
         while True:
             remaining = self._deadline - time.monotonic()
             if remaining <= 0:
@@ -273,12 +274,14 @@ class Forwarder:
                     delay = backoff(attempt, self._random.random())
                 attempt += 1
                 now = time.monotonic()
+                if failing_since is None:
+                    failing_since = now
                 if now + delay > give_up:
                     log.warning(
                         "forward to %s failed (%s) for %.0f s: dropped one request",
                         self.downstream.target,
                         code,
-                        self._retry_s,
+                        now - failing_since,
                     )
                     return "gave_up"
                 self.retries += 1
