@@ -12,8 +12,8 @@ requests are one repeated field, so their encodings concatenate into the encodin
 merged request. Every request was fully parsed before it was accepted, so a merged call holds
 only valid OTLP; still, when a downstream rejects a merged call as invalid, its requests are
 sent again one by one, so one client's data that a stricter downstream refuses never costs
-another client theirs. Rejections and ``partial_success`` answers are counted and logged once
-per episode (until a call succeeds in full).
+another client theirs. Rejections, give-ups and ``partial_success`` answers are counted and
+logged once per episode (until a call succeeds in full).
 """
 
 from __future__ import annotations
@@ -129,6 +129,7 @@ class Forwarder:
         self.partial_rejected = 0  # items the downstream reported rejected in partial_success
         self._partial_warned = False
         self._rejected_warned = False
+        self._gave_up_warned = False
         self._linger_s = linger_s
         self._batch_bytes = max(1, min(max_message_bytes, 4 * 1024 * 1024))
         self._thread = threading.Thread(
@@ -252,7 +253,7 @@ class Forwarder:
                 return "deadline"
             try:
                 reply = self._call(method)(payload, timeout=min(self._timeout, remaining))
-                self._rejected_warned = False
+                self._rejected_warned = self._gave_up_warned = False
                 self._partial(reply)
                 return "ok"
             except grpc.RpcError as e:
@@ -276,13 +277,18 @@ class Forwarder:
                 now = time.monotonic()
                 if failing_since is None:
                     failing_since = now
-                if now + delay > give_up:
-                    log.warning(
-                        "forward to %s failed (%s) for %.0f s: dropped one request",
-                        self.downstream.target,
-                        code,
-                        now - failing_since,
-                    )
+                if self.durable and now + delay > self._deadline:
+                    return "deadline"  # shutting down: stays on disk for the next start
+                if now + delay > min(give_up, self._deadline):
+                    if not self._gave_up_warned:  # once per outage, until a call succeeds
+                        self._gave_up_warned = True
+                        log.warning(
+                            "forward to %s failed (%s) for %.0f s: dropped one request; "
+                            "further drops are counted in /stats forward.dropped",
+                            self.downstream.target,
+                            code,
+                            now - failing_since,
+                        )
                     return "gave_up"
                 self.retries += 1
                 with self._cond:
