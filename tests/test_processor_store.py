@@ -5,6 +5,7 @@ after (and off) the ingestion path, and the breakers still never notify twice.""
 from __future__ import annotations
 
 import logging
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -130,3 +131,18 @@ def test_a_locked_state_file_degrades_health_never_blocks_and_is_written_later(t
 def test_a_store_that_cannot_be_opened_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError, match="--state"):
         StateStore(str(tmp_path))  # a directory
+
+
+def test_closing_a_store_that_cannot_write_ends_its_writer(tmp_path):
+    db = str(tmp_path / "state.db")
+    StateStore(db).close()
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("PRAGMA journal_mode=DELETE")
+    holder.execute("BEGIN EXCLUSIVE")  # held by another connection: every write fails
+    try:
+        store = StateStore(db)
+        store.commit({"subjects": {}}, [], [], {})
+        store.close(timeout_s=5.0)
+        assert not store._thread.is_alive() and store.errors >= 1
+    finally:
+        holder.close()

@@ -184,8 +184,9 @@ class Processor:
         self._ticker.start()
 
     def stop(self, timeout_s: float | None = None) -> None:
-        """Stop taking requests, finish the ones in flight, flush detection and the downstream
-        queues, close actions and the store; all within ``timeout_s`` (default flush_timeout_s)."""
+        """Stop taking requests, finish the ones in flight, flush detection, the store (firing
+        its actions) and the downstream queues, close actions; all within ``timeout_s``
+        (default flush_timeout_s)."""
         if self._stopping:
             return
         self._stopping = True
@@ -200,11 +201,12 @@ class Processor:
             self.detection.tick(final=True)
         except Exception:
             log.exception("final detection flush failed")
+        # The store first: its writer fires the actions of what it still writes.
+        self._store.close(max(0.1, min(2.0, deadline - time.monotonic())))
         for f in self.forwarders:
             f.close(max(0.0, deadline - time.monotonic()))
         if self._actions is not None and hasattr(self._actions, "close"):
             self._actions.close(max(0.1, deadline - time.monotonic()))
-        self._store.close()
         if self._health is not None:
             self._health.close()
 

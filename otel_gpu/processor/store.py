@@ -223,7 +223,9 @@ class StateStore:
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
-                if not ok and not self._closing:
+                if not ok:
+                    if self._closing:
+                        return  # shutting down: that was the last try (the failure is counted)
                     self._cond.wait(1.0)  # a locked file or full disk: no tight retry loop
 
     def _write(self, state: dict[str, Any] | None, batches: list[Batch]) -> bool:
