@@ -1,7 +1,7 @@
 """``otel-gpu processor``: run the OTLP processor service until SIGTERM/SIGINT.
 
 Each option falls back to an ``OTEL_GPU_PROCESSOR_*`` variable, then to its default:
-LISTEN, FORWARD (comma-separated), STATE, TOKEN, HEALTH, TLS_CERT, TLS_KEY.
+LISTEN, FORWARD (comma-separated), STATE, TOKEN, HEALTH, TLS_CERT, TLS_KEY, QUEUE_DIR.
 """
 
 from __future__ import annotations
@@ -116,6 +116,49 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="bound on the flush at shutdown (default 5)",
     )
+    parser.add_argument(
+        "--queue-dir",
+        metavar="DIR",
+        help="keep each downstream's forward queue on disk here: data accepted during an outage "
+        "survives a restart (even kill -9) and is sent later (env OTEL_GPU_PROCESSOR_QUEUE_DIR; "
+        "default: in memory)",
+    )
+    parser.add_argument(
+        "--queue-dir-mib",
+        type=int,
+        default=1024,
+        metavar="MIB",
+        help="disk queue size per downstream; beyond it exports are refused (default 1024)",
+    )
+    parser.add_argument(
+        "--memory-limit-mib",
+        type=int,
+        default=1024,
+        metavar="MIB",
+        help="resident memory limit; above 80%% of it exports are refused with "
+        "RESOURCE_EXHAUSTED and a retry delay; 0 = off (default 1024)",
+    )
+    parser.add_argument(
+        "--max-recv-mib",
+        type=float,
+        default=4.0,
+        metavar="MIB",
+        help="largest export request accepted, after decompression (default 4, as the Collector)",
+    )
+    parser.add_argument(
+        "--max-series-per-reporter",
+        type=int,
+        default=2_000,
+        metavar="N",
+        help="detection subjects one reporter (resource identity) may hold (default 2000)",
+    )
+    parser.add_argument(
+        "--telemetry-interval",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how often the processor's own metrics are sent downstream; 0 = never (default 30)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail")
     parser.set_defaults(func=run_processor)
 
@@ -153,6 +196,12 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         queue_requests=args.queue_size,
         export_interval_s=args.export_interval,
         flush_timeout_s=args.flush_timeout,
+        queue_dir=pick(args.queue_dir, "QUEUE_DIR"),
+        queue_dir_bytes=args.queue_dir_mib * 1024 * 1024,
+        memory_limit_mib=args.memory_limit_mib,
+        max_recv_bytes=int(args.max_recv_mib * 1024 * 1024),
+        max_series_per_reporter=args.max_series_per_reporter,
+        telemetry_interval_s=args.telemetry_interval,
     )
 
 
@@ -198,6 +247,8 @@ def run_processor(args: argparse.Namespace) -> int:
             else "not forwarding"
         )
         where.append(f"state in {config.state_path}" if config.state_path else "state in memory")
+        if config.queue_dir:
+            where.append(f"forward queues in {config.queue_dir}")
         for line in actions_config.describe():
             where.append(f"notifying {line}")
         print("otel-gpu processor: " + "; ".join(where), file=sys.stderr, flush=True)

@@ -2,10 +2,11 @@
 
 An agent's collection shares one timestamp, but a collector may split it over several requests,
 so a subject's point stays *pending* until a newer timestamp arrives for it or until it has been
-pending ``grace_s`` of wall time (:meth:`Assembler.flush_due`). Points older than a subject's
+pending ``grace_s`` (monotonic time) (:meth:`Assembler.flush_due`). Points older than a subject's
 pending or last emitted time are late: counted and dropped (detection is causal and in time
-order). State is bounded: at most ``max_series`` subjects (more are counted as overflow), each
-holding one pending point; subjects silent for ``ttl_s`` are evicted (:meth:`Assembler.evict`).
+order). State is bounded: at most ``max_series`` subjects, and at most ``per_reporter`` of them
+from one reporter, so one client cannot fill the cap for all (points of refused subjects are
+counted as overflow by the decoder, once each), each holding one pending point; subjects silent for ``ttl_s`` are evicted (:meth:`Assembler.evict`).
 """
 
 from __future__ import annotations
@@ -101,15 +102,18 @@ class Assembler:
         max_series: int,
         grace_s: float,
         ttl_s: float,
+        per_reporter: int | None = None,
     ) -> None:
         self._emit = emit
         self._max = max_series
+        self._per_reporter = per_reporter or max_series
+        self._by_reporter: dict[str, int] = {}  # subjects held per reporter label
         self._grace = grace_s
         self._ttl = ttl_s
         self._series: dict[tuple[str, str, str | None, int | None], _Series] = {}
         self._jobs: dict[str, _Job] = {}
         self._opened: deque[tuple[float, _Series, int]] = deque()
-        self.now = 0.0  # wall clock of the request being decoded; set by the caller
+        self.now = 0.0  # monotonic clock of the request being decoded; set by the caller
         self.generation = 0  # bumped when subjects are evicted: cached targets are stale
         self.overflow = 0  # points of subjects refused by the cap
         self.late = 0  # points older than their subject's pending/emitted time
@@ -179,9 +183,10 @@ class Assembler:
         key = (res.label, kind, hw_id, pid)
         s = self._series.get(key)
         if s is None:
-            if len(self._series) >= self._max:
-                self.overflow += 1
+            held = self._by_reporter.get(res.label, 0)
+            if len(self._series) >= self._max or held >= self._per_reporter:
                 return None
+            self._by_reporter[res.label] = held + 1
             name = subject_name(res, kind, hw_id, pid)
             attrs = subject_attributes(kind, hw_id, pid)
             s = self._series[key] = _Series(Subject(name, kind, res, attrs, hw_id, pid))
@@ -232,7 +237,7 @@ class Assembler:
         self._emit(sub, point)
 
     def flush_due(self, now: float, all_pending: bool = False) -> None:
-        """Emit points pending for ``grace_s`` (wall) or longer; all of them if ``all_pending``."""
+        """Emit points pending for ``grace_s`` or longer; all of them if ``all_pending``."""
         cutoff = now - self._grace
         opened = self._opened
         while opened and (all_pending or opened[0][0] <= cutoff):
@@ -241,7 +246,7 @@ class Assembler:
                 self._flush(s)
 
     def evict(self, now: float) -> list[Subject]:
-        """Forget subjects silent for ``ttl_s`` of wall time; returns them."""
+        """Forget subjects silent for ``ttl_s`` (the clock ``now`` is read from); returns them."""
         cutoff = now - self._ttl
         gone = [k for k, s in self._series.items() if s.seen < cutoff]
         out = []
@@ -249,6 +254,10 @@ class Assembler:
             self.generation += 1
         for k in gone:
             s = self._series.pop(k)
+            label = s.subject.resource.label
+            self._by_reporter[label] -= 1
+            if not self._by_reporter[label]:
+                del self._by_reporter[label]
             if s.t:
                 self._flush(s)
                 s.t = 0

@@ -86,12 +86,22 @@ class ProcessorConfig:
     max_inflight: int = 16  # concurrent export calls; more are pushed back
     max_requests_per_s: float = 0.0  # admission rate over all signals; 0 = unlimited
     retry_after_s: float = 1.0  # RetryInfo delay sent with a push-back
-    max_recv_bytes: int = 16 * 1024 * 1024  # largest request accepted (gRPC limit)
-    queue_requests: int = 2048  # per downstream; more are dropped and counted
-    queue_bytes: int = 64 * 1024 * 1024  # per downstream
+    # Largest request accepted, after decompression (the Collector's default, 4 MiB).
+    max_recv_bytes: int = 4 * 1024 * 1024
+    queue_requests: int = 2048  # per downstream (memory queue); more are refused and counted
+    queue_bytes: int = 64 * 1024 * 1024  # per downstream (memory queue)
+    queue_dir: str | None = None  # disk-backed forward queues here; None: in memory
+    queue_dir_bytes: int = 1024 * 1024 * 1024  # per downstream, on disk
+    # RSS hard limit; above 80 % of it export requests are refused with a retry delay. 0: off.
+    memory_limit_mib: int = 1024
+    # Detection subjects one reporter (one resource identity) may hold: a client sending
+    # thousands of made-up hw.id values fills its own quota, not everyone's --max-series.
+    max_series_per_reporter: int = 2_000
+    health_max_connections: int = 32  # concurrent /healthz connections; more are closed
     forward_timeout_s: float = 10.0  # per send attempt
     forward_retry_s: float = 60.0  # give up on one request after retrying this long
-    export_interval_s: float = 10.0  # detector metrics cadence (wall time)
+    export_interval_s: float = 10.0  # detector metrics cadence
+    telemetry_interval_s: float = 30.0  # the processor's own metrics cadence; 0 = not sent
     flush_timeout_s: float = 5.0  # bound on shutdown flushing
     max_future_s: float = 3600.0  # points further in the future than this are rejected
     min_time_unix_s: float = 946_684_800.0  # points before 2000-01-01 are rejected
@@ -121,6 +131,7 @@ class ProcessorConfig:
             ("assemble_grace_s", "assemble_grace_s"),
             ("max_requests_per_s", "--max-requests-per-s"),
             ("forward_retry_s", "forward_retry_s"),
+            ("telemetry_interval_s", "--telemetry-interval"),
         )
         for attr, name in non_negative:
             v = getattr(self, attr)
@@ -129,14 +140,28 @@ class ProcessorConfig:
         counts = (
             ("max_series", "--max-series"),
             ("max_inflight", "--max-inflight"),
-            ("max_recv_bytes", "max_recv_bytes"),
             ("queue_requests", "--queue-size"),
             ("queue_bytes", "queue_bytes"),
+            ("max_series_per_reporter", "--max-series-per-reporter"),
+            ("health_max_connections", "health_max_connections"),
         )
         for attr, name in counts:
             v = getattr(self, attr)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise UsageError(f"{name} must be an integer >= 1, got {v!r}")
+        for attr, name, least in (
+            ("max_recv_bytes", "--max-recv-mib", 1024),
+            ("queue_dir_bytes", "--queue-dir-mib", 1024),
+        ):
+            v = getattr(self, attr)
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise UsageError(
+                    f"{name} gives {v!r} bytes, below the minimum of {least} bytes; "
+                    "give a size in MiB such as the default"
+                )
+        m = self.memory_limit_mib
+        if isinstance(m, bool) or not isinstance(m, int) or (m != 0 and m < 64):
+            raise UsageError(f"--memory-limit-mib must be 0 (off) or an integer >= 64, got {m!r}")
 
 
 def bind_problem(host: str, port: int) -> str:

@@ -74,6 +74,13 @@ IDENTITY_KEYS = (
 )
 _MAX_VALUE_CHARS = 128  # attribute values used in subject names are cut to this length
 _MAX_CACHE = 50_000  # entries per cache before it is cleared
+# New attribute sets of one metric of one resource refused by the series caps, within one
+# request, after which its further new sets are counted as overflow without being parsed: a cardinality bomb
+# then costs the detection lock a dictionary lookup per point, not a parse.
+_FLOOD_REFUSALS = 64
+# Bytes of keys per cache before it is cleared: a client sending a new 4 MB resource with every
+# request must not grow the processor by 4 MB a request.
+_MAX_CACHE_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,14 +216,19 @@ def point_attrs(encoded: Iterable[bytes]) -> PointAttrs:
 class MetricsDecoder:
     """Reads the routed series of OTLP metrics requests into a :class:`Sink`. Not thread-safe."""
 
-    def __init__(self, min_time_unix_s: float, max_future_s: float) -> None:
+    def __init__(
+        self, min_time_unix_s: float, max_future_s: float, cache_bytes: int = _MAX_CACHE_BYTES
+    ) -> None:
         self._min_ns = int(min_time_unix_s * 1e9)
         self._max_future_ns = int(max_future_s * 1e9)
+        self._cache_bytes = cache_bytes  # bound on the key bytes of each cache
         self._resources: dict[bytes, ResourceInfo] = {}
+        self._resource_bytes = 0
         # reporter label -> metric name -> attributes -> target / _SKIP / job tuple / _REPARSE;
         # attributes as a data point's encoded tail (fast path) or a tuple of encoded KeyValues
         self._targets: dict[str, dict[str, dict[_Key, Any]]] = {}
         self._entries = 0
+        self._key_bytes = 0  # bytes of the attribute keys in _targets
         self._generation = -1
 
     def _resolve(self, sink: Sink, res: ResourceInfo, kind: str, fld: int, pa: PointAttrs) -> Any:
@@ -251,9 +263,13 @@ class MetricsDecoder:
         """Parse ``raw`` and feed its routed points to ``sink``. DecodeError if malformed."""
         req = MetricsRequestView.FromString(raw)
         out = Decoded()
-        if sink.generation != self._generation or self._entries > _MAX_CACHE:
+        if (
+            sink.generation != self._generation
+            or self._entries > _MAX_CACHE
+            or self._key_bytes > self._cache_bytes
+        ):
             self._targets.clear()
-            self._entries = 0
+            self._entries = self._key_bytes = 0
             self._generation = sink.generation
         lo, hi = self._min_ns, now_ns + self._max_future_ns
         routes, resources, targets = ROUTES, self._resources, self._targets
@@ -276,14 +292,20 @@ class MetricsDecoder:
                         rraw = rm.resource
                         res = resources.get(rraw)
                         if res is None:
-                            if len(resources) >= _MAX_CACHE:
+                            if (
+                                len(resources) >= _MAX_CACHE
+                                or self._resource_bytes > self._cache_bytes
+                            ):
                                 resources.clear()
+                                self._resource_bytes = 0
                             res = resources[rraw] = resource_info(rraw)
+                            self._resource_bytes += len(rraw)
                         by_metric = targets.setdefault(res.label, {})
                     cache = by_metric.get(name)
                     if cache is None:
                         cache = by_metric[name] = {}
                     kind, fld = route
+                    refused = 0  # new attribute sets the caps refused (see _FLOOD_REFUSALS)
                     for di, b in enumerate(NumberDataRawView.FromString(data).data_points):
                         # Fast path: the fixed-width head SDKs write (start time, time, value)
                         # read in place; the rest, the attributes, is the cache key as is.
@@ -293,9 +315,10 @@ class MetricsDecoder:
                             v = (_F64 if b[o + 9] == 0x21 else _I64)(b, o + 10)[0] or 0
                             key: Any = b[o + 18 :]
                             tg = cache.get(key)
-                            if tg is None and not _plain_tail(key):
+                            if tg is None and refused < _FLOOD_REFUSALS and not _plain_tail(key):
                                 tg = cache[key] = _REPARSE  # more than attributes follow
                                 self._entries += 1  # (the cache stays bounded)
+                                self._key_bytes += len(key)
                             has_value = True
                         else:
                             tg = _REPARSE
@@ -314,11 +337,17 @@ class MetricsDecoder:
                             continue
                         accepted += 1
                         if tg is None:
+                            if refused >= _FLOOD_REFUSALS:
+                                sink.overflow += 1  # still flooding: counted, not parsed
+                                continue
                             attrs = key if type(key) is tuple else _tail_attrs(key)
                             tg = cache[key] = self._resolve(
                                 sink, res, kind, fld, point_attrs(attrs)
                             )
                             self._entries += 1
+                            self._key_bytes += sum(map(len, attrs))
+                            if tg is _OVERFLOW:
+                                refused += 1
                         if tg is _SKIP:
                             continue
                         if tg is _OVERFLOW:

@@ -1,25 +1,37 @@
-"""Forward request bytes to one downstream OTLP gRPC endpoint through a bounded queue.
+"""Forward accepted requests to one downstream OTLP gRPC endpoint through a bounded queue.
 
 Ingestion only ever appends to the queue (never waits): when the queue is full the request is
-dropped and counted, so a slow or dead downstream costs data for that downstream, never
-ingestion. One sender thread per downstream sends in order, retrying retryable failures with
-exponential backoff (or the downstream's RetryInfo delay) for up to ``retry_s``. A request is
-sent as received; requests arriving within ``linger_s`` of each other, or queued while the
-downstream is busy, are merged into one call (up to 64 requests or 4 MiB).
+refused and counted, so a slow or dead downstream costs data for that downstream, never
+ingestion. The queue is in memory, or on disk with ``--queue-dir`` (:mod:`.queue`), where it
+survives restarts. One sender thread per downstream sends in order, retrying retryable failures
+with jittered exponential backoff (or the downstream's RetryInfo delay) for up to ``retry_s``;
+with a disk queue it keeps retrying for as long as the data fits on disk.
+
+Requests queued together are merged into one call (up to 64 requests or 4 MiB): OTLP export
+requests are one repeated field, so their encodings concatenate into the encoding of the
+merged request. Every request was fully parsed before it was accepted, so a merged call holds
+only valid OTLP; still, when a downstream rejects a merged call as invalid, its requests are
+sent again one by one, so one client's data that a stricter downstream refuses never costs
+another client theirs. Rejections, give-ups and ``partial_success`` answers are counted and
+logged once per episode (until a call succeeds in full).
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
+import random
 import threading
 import time
-from collections import deque
+from collections import Counter
+from typing import Any
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
 from otel_gpu.processor.config import Downstream
+from otel_gpu.processor.queue import ForwardQueue
+from otel_gpu.processor.telemetry import SIGNALS
+from otel_gpu.processor.wire import PartialSuccessView
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +47,8 @@ _RETRYABLE = frozenset(
     }
 )
 
-
 _BATCH_MAX = 64  # requests merged into one downstream call at most
+_BACKOFF_MAX_S = 10.0
 
 
 def _identity(b: bytes) -> bytes:
@@ -65,24 +77,33 @@ def retry_delay(error: grpc.RpcError) -> float | None:
     return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
 
 
+def backoff(attempt: int, rand: float) -> float:
+    """Delay before retry ``attempt`` (0-based): 0.5 s doubling to 10 s, times 0.5..1.5 as
+    ``rand`` goes 0..1 (the Collector's randomization factor), so that processors that lost
+    the same downstream do not all retry at the same instant."""
+    return min(0.5 * 2**attempt, _BACKOFF_MAX_S) * (0.5 + rand)
+
+
 class Forwarder:
     """Queue + sender thread for one downstream. ``submit`` is safe from any thread."""
 
     def __init__(
         self,
         downstream: Downstream,
-        max_requests: int,
-        max_bytes: int,
+        queue: ForwardQueue,
         timeout_s: float,
         retry_s: float,
         max_message_bytes: int,
+        *,
+        durable: bool = False,
         linger_s: float = 0.02,
     ) -> None:
         self.downstream = downstream
-        self._max_requests = max_requests
-        self._max_bytes = max_bytes
+        self._queue = queue
         self._timeout = timeout_s
-        self._retry_s = retry_s
+        # A disk queue holds data through an outage of any length: never give up on it.
+        self._retry_s = float("inf") if durable else retry_s
+        self.durable = durable
         options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -94,16 +115,21 @@ class Forwarder:
         else:
             self._channel = grpc.insecure_channel(downstream.target, options=options)
         self._calls: dict[str, grpc.UnaryUnaryMultiCallable] = {}
-        self._queue: deque[tuple[str, bytes, float]] = deque()  # (method, payload, queued at)
-        self._bytes = 0
         self._cond = threading.Condition()
         self._closing = False
-        self._deadline = float("inf")  # monotonic time after which pending data is dropped
+        self._deadline = float("inf")  # monotonic time after which pending data is left
+        self._random = random.Random()
         self.sent = 0  # requests delivered
-        self.dropped = 0  # requests dropped: queue full, retries exhausted, or shutdown
+        self.dropped = 0  # requests lost: queue full, retries exhausted, rejected, shutdown
+        self.dropped_by_method: Counter[str] = Counter()  # the same, per export method
+        self.refused = 0  # of those, refused because the queue was full (or the disk failed)
         self.failed = 0  # of those, rejected by the downstream with a non-retryable error
         self.retries = 0
         self.calls = 0  # downstream calls made (several queued requests may share one)
+        self.partial_rejected = 0  # items the downstream reported rejected in partial_success
+        self._partial_warned = False
+        self._rejected_warned = False
+        self._gave_up_warned = False
         self._linger_s = linger_s
         self._batch_bytes = max(1, min(max_message_bytes, 4 * 1024 * 1024))
         self._thread = threading.Thread(
@@ -111,24 +137,59 @@ class Forwarder:
         )
         self._thread.start()
 
+    @property
+    def queue_errors(self) -> int:
+        """Writes or reads the disk queue failed (0 for a memory queue)."""
+        return self._queue.errors
+
     def submit(self, method: str, payload: bytes) -> bool:
-        """Queue ``payload`` for ``method`` (e.g. the metrics Export path); False if dropped."""
+        """Queue ``payload`` for ``method`` (e.g. the metrics Export path); False if refused."""
+        if self._closing or not self._queue.put(method, payload):
+            with self._cond:
+                self._drop(method)
+                self.refused += 1
+            return False
         with self._cond:
-            if (
-                self._closing
-                or len(self._queue) >= self._max_requests
-                or self._bytes + len(payload) > self._max_bytes
-            ):
-                self.dropped += 1
-                return False
-            self._queue.append((method, payload, time.monotonic()))
-            self._bytes += len(payload)
             self._cond.notify()
         return True
+
+    def _drop(self, method: str) -> None:
+        self.dropped += 1
+        self.dropped_by_method[method] += 1
+
+    def room(self, size: int) -> bool:
+        """Whether a request of ``size`` bytes would be queued now."""
+        return not self._closing and self._queue.room(size)
 
     def depth(self) -> int:
         """Requests waiting to be sent."""
         return len(self._queue)
+
+    def queued_bytes(self) -> int:
+        return self._queue.bytes()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counters, for /stats and self-telemetry."""
+        return {
+            "dropped_by_signal": {SIGNALS[m]: n for m, n in self.dropped_by_method.items()},
+            "sent": self.sent,
+            "calls": self.calls,
+            "dropped": self.dropped,
+            "refused": self.refused,
+            "failed": self.failed,
+            "retries": self.retries,
+            "partial_rejected": self.partial_rejected,
+            "queued": self.depth(),
+            "queued_bytes": self.queued_bytes(),
+            "queue_errors": self.queue_errors,
+            "durable": self.durable,
+        }
+
+    def problem(self) -> str | None:
+        """Why health is degraded by this downstream's queue, if it is."""
+        if self._queue.failing:
+            return f"the disk queue of {self.downstream.target} cannot be written"
+        return None
 
     def _call(self, method: str) -> grpc.UnaryUnaryMultiCallable:
         call = self._calls.get(method)
@@ -141,90 +202,133 @@ class Forwarder:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closing:
-                    self._cond.wait()
-                if not self._queue:
+                while not len(self._queue) and not self._closing:
+                    self._cond.wait(1.0)  # also wakes to retry a disk read that failed
+                if not len(self._queue) or time.monotonic() >= self._deadline:
                     return
                 # Linger briefly so that requests arriving together share a call.
-                while (
-                    not self._closing
-                    and len(self._queue) < _BATCH_MAX
-                    and time.monotonic() < self._queue[0][2] + self._linger_s
-                ):
-                    self._cond.wait(self._queue[0][2] + self._linger_s - time.monotonic())
-                method, first, _ = self._queue[0]
-                # Requests that queued up behind a slow send go out as one call: OTLP export
-                # requests are one repeated field, so their encodings concatenate into the
-                # encoding of the merged request (the same data, fewer calls).
-                parts, size = [first], len(first)
-                for m, p, _ in itertools.islice(self._queue, 1, _BATCH_MAX):
-                    if m != method or size + len(p) > self._batch_bytes:
+                until = time.monotonic() + self._linger_s
+                while not self._closing and len(self._queue) < _BATCH_MAX:
+                    left = until - time.monotonic()
+                    if left <= 0:
                         break
-                    parts.append(p)
-                    size += len(p)
-            delivered = self._send(method, first if len(parts) == 1 else b"".join(parts))
+                    self._cond.wait(left)
+            batch = self._queue.peek(_BATCH_MAX, self._batch_bytes)
+            if not batch:
+                with self._cond:
+                    self._cond.wait(0.5)
+                continue
+            method = batch[0][1]
+            parts = [p for _, _, p in batch]
+            outcome = self._send(method, parts[0] if len(parts) == 1 else b"".join(parts))
+            if outcome == "invalid" and len(parts) > 1:
+                # One request the downstream refuses must not cost the others in the call.
+                outcomes = [self._send(method, p) for p in parts]
+            else:
+                outcomes = [outcome] * len(parts)
+            # Requests cut off by shutdown stay queued: a disk queue keeps them for the next
+            # start, close() counts them as dropped for a memory queue.
+            done = [
+                (item[0], o) for item, o in zip(batch, outcomes, strict=True) if o != "deadline"
+            ]
+            self._queue.ack([i for i, _ in done])
             with self._cond:
-                if not self._queue or self._queue[0][1] is not first:
-                    return  # close() gave up on the queue meanwhile and counted it
-                for _ in parts:
-                    self._queue.popleft()
-                self._bytes -= size
                 self.calls += 1
-                if delivered:
-                    self.sent += len(parts)
-                else:
-                    self.dropped += len(parts)
+                for _, o in done:
+                    if o == "ok":
+                        self.sent += 1
+                    else:
+                        self._drop(method)
+            if len(done) < len(batch):
+                return
 
-    def _send(self, method: str, payload: bytes) -> bool:
+    def _send(self, method: str, payload: bytes) -> str:
+        """'ok', 'invalid' (rejected, not retryable), 'gave_up' or 'deadline' (shutdown)."""
         give_up = time.monotonic() + self._retry_s
         attempt = 0
         failing_since: float | None = None  # the first failure of this request
         while True:
             remaining = self._deadline - time.monotonic()
             if remaining <= 0:
-                return False
+                return "deadline"
             try:
-                self._call(method)(payload, timeout=min(self._timeout, remaining))
-                return True
+                reply = self._call(method)(payload, timeout=min(self._timeout, remaining))
+                self._rejected_warned = self._gave_up_warned = False
+                self._partial(reply)
+                return "ok"
             except grpc.RpcError as e:
                 code = e.code() if hasattr(e, "code") else None
                 if code not in _RETRYABLE:
                     self.failed += 1
-                    log.warning(
-                        "forward to %s rejected (%s): dropped one request",
-                        self.downstream.target,
-                        code,
-                    )
-                    return False
+                    if not self._rejected_warned:  # once per episode, until a call succeeds
+                        self._rejected_warned = True
+                        log.warning(
+                            "forward to %s rejected (%s: %s): dropped the request; further "
+                            "rejections are counted in /stats forward.failed",
+                            self.downstream.target,
+                            code,
+                            e.details() if hasattr(e, "details") else "",
+                        )
+                    return "invalid"
                 delay = retry_delay(e)
                 if delay is None:
-                    delay = min(0.5 * 2**attempt, 10.0)
+                    delay = backoff(attempt, self._random.random())
                 attempt += 1
                 now = time.monotonic()
                 if failing_since is None:
                     failing_since = now
+                if self.durable and now + delay > self._deadline:
+                    return "deadline"  # shutting down: stays on disk for the next start
                 if now + delay > min(give_up, self._deadline):
-                    log.warning(
-                        "forward to %s failed (%s) for %.0f s: dropped one request",
-                        self.downstream.target,
-                        code,
-                        now - failing_since,
-                    )
-                    return False
+                    if not self._gave_up_warned:  # once per outage, until a call succeeds
+                        self._gave_up_warned = True
+                        log.warning(
+                            "forward to %s failed (%s) for %.0f s: dropped one request; "
+                            "further drops are counted in /stats forward.dropped",
+                            self.downstream.target,
+                            code,
+                            now - failing_since,
+                        )
+                    return "gave_up"
                 self.retries += 1
                 with self._cond:
                     # Woken early by close(); the loop then re-checks the deadline.
-                    self._cond.wait(delay)
+                    self._cond.wait(min(delay, max(0.0, self._deadline - now)))
+
+    def _partial(self, reply: bytes) -> None:
+        """Count what the downstream accepted the call but rejected inside it."""
+        if not reply:
+            self._partial_warned = False
+            return
+        try:
+            ps = PartialSuccessView.FromString(reply).partial_success
+        except Exception:
+            return  # a reply we cannot read is still a success
+        if ps.rejected <= 0:
+            self._partial_warned = False
+            return
+        with self._cond:
+            self.partial_rejected += ps.rejected
+        if not self._partial_warned:  # once per episode, not once per call
+            self._partial_warned = True
+            log.warning(
+                "forward to %s: the downstream rejected %d items (%s); counted in "
+                "/stats forward.partial_rejected",
+                self.downstream.target,
+                ps.rejected,
+                ps.error_message or "no reason given",
+            )
 
     def close(self, timeout_s: float) -> None:
-        """Stop accepting, send what is queued for at most ``timeout_s``, drop the rest."""
+        """Stop accepting, send what is queued for at most ``timeout_s``; a memory queue drops
+        the rest (counted), a disk queue keeps it for the next start."""
         with self._cond:
             self._closing = True
             self._deadline = time.monotonic() + timeout_s
             self._cond.notify_all()
         self._thread.join(timeout_s + 1.0)
+        lost = self._queue.close()
         with self._cond:
-            self.dropped += len(self._queue)
-            self._queue.clear()
-            self._bytes = 0
+            for method in lost:
+                self._drop(method)
         self._channel.close()

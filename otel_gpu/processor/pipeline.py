@@ -2,12 +2,18 @@
 
 One lock serializes the pipeline (the engine and breaker are not thread-safe, and with the GIL
 there is nothing to gain from finer locks). Per request the order is: decode, assemble, detect;
-then, if anything happened, commit alerts and transitions to the store, fire the actions, and
-queue the alert log records downstream: a notification never goes out before it is durable.
+then, if anything happened, queue alerts and transitions for the store and the alert log
+records for downstream. The store's writer thread fires the actions once the batch is written
+(never on the ingestion path): a notification never goes out before it is durable.
 The breaker runs on each subject's data time and on the engine's active conditions, so it
 closes only once the problem stopped; a subject that stops sending keeps its state. Subjects an
 agent already judges (it exports their ``otel_gpu.breaker.state``, see watched.py) are left to
 that agent: one problem, one notification.
+
+Two clocks: judgement is on data time (each point's timestamp), housekeeping (the assembly
+grace, forgetting silent subjects, the detector-metrics cadence) on the injected monotonic
+``clock``, so a wall-clock step neither evicts every subject nor holds points back. The wall
+clock only bounds how far in the future a timestamp may be and stamps the outputs.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from otel_gpu.processor import outputs
 from otel_gpu.processor.assemble import Assembler, Subject
 from otel_gpu.processor.config import ProcessorConfig
 from otel_gpu.processor.decode import Decoded, MetricsDecoder
-from otel_gpu.processor.store import StateStore
+from otel_gpu.processor.store import Batch, StateStore
 from otel_gpu.processor.watched import WatchedSubjects
 from otel_gpu.processor.wire import LOGS_EXPORT, METRICS_EXPORT
 
@@ -76,6 +82,7 @@ class Detection:
         actions: Actions | None,
         send: Callable[[str, bytes], None],
         wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.engine = engine
@@ -84,13 +91,19 @@ class Detection:
         self._actions = actions
         self._send = send
         self._wall = wall
+        self._clock = clock
         self._lock = threading.Lock()
         self._decoder = MetricsDecoder(config.min_time_unix_s, config.max_future_s)
         self._assembler = Assembler(
-            self._on_point, config.max_series, config.assemble_grace_s, config.series_ttl_s
+            self._on_point,
+            config.max_series,
+            config.assemble_grace_s,
+            config.series_ttl_s,
+            per_reporter=config.max_series_per_reporter,
         )
         self._start_ns = int(wall() * 1e9)
-        self._last_export = self._last_evict = wall()
+        self._last_export = self._last_evict = clock()
+        store.on_durable = self._act
         self._stats = DetectionStats()
         # Per-request event buffers, drained by _publish under the lock.
         self._alerts: list[tuple[Subject, Alert]] = []
@@ -119,24 +132,26 @@ class Detection:
 
     def ingest_metrics(self, raw: bytes) -> Decoded:
         """Decode, assemble and judge one OTLP metrics request. DecodeError if malformed."""
-        now = self._wall()
+        wall, now = self._wall(), self._clock()
         with self._lock:
             self._assembler.now = now
             for name in self._watched.note(raw, now):
                 self.engine.forget(name)  # its agent judges it; evidence here would go stale
             try:
-                decoded = self._decoder.decode(raw, self._assembler, int(now * 1e9))
+                decoded = self._decoder.decode(raw, self._assembler, int(wall * 1e9))
                 self._assembler.flush_due(now)
             finally:
-                self._publish(now)
+                self._publish(wall)
             self._stats.points += decoded.points
             self._stats.rejected += decoded.rejected
         return decoded
 
     def tick(self, now: float | None = None, final: bool = False) -> None:
         """Periodic work: emit points pending past the grace time (all of them if ``final``),
-        forget silent subjects, and export detector metrics every export interval."""
-        now = self._wall() if now is None else now
+        forget silent subjects, and export detector metrics every export interval. ``now`` is
+        the monotonic clock's reading."""
+        now = self._clock() if now is None else now
+        wall = self._wall()
         with self._lock:
             self._assembler.now = now
             self._assembler.flush_due(now, all_pending=final)
@@ -145,10 +160,10 @@ class Detection:
                 for subject in self._assembler.evict(now):
                     self.engine.forget(subject.name)
                 self._watched.expire(now)
-            self._publish(now)
+            self._publish(wall)
             if final or now - self._last_export >= self.config.export_interval_s:
                 self._last_export = now
-                self._export_metrics(now)
+                self._export_metrics(wall)
 
     def stats(self) -> DetectionStats:
         with self._lock:
@@ -217,11 +232,8 @@ class Detection:
         self._stats.alerts += len(alerts)
         self._stats.transitions += len(transitions)
         state = self.breaker.export_state() if transitions else None
-        # Durable before anyone is told.
+        # Durable before anyone is told: the store's writer calls _act once it is written.
         self._store.commit(state, [t for _, t in transitions], [a for _, a in alerts], new_subjects)
-        if self._actions is not None:
-            for _, t in transitions:
-                self._actions.on_transition(t)
         empty = outputs.SubjectOutput((), ())
         payload = outputs.logs_request(
             [(self._outputs.get(a.subject, empty), a) for _, a in alerts],
@@ -229,6 +241,12 @@ class Detection:
             int(now * 1e9),
         )
         self._send(LOGS_EXPORT, payload)
+
+    def _act(self, batch: Batch) -> None:
+        """Fire the actions of a batch the store has written (on the store's writer thread)."""
+        if self._actions is not None:
+            for t in batch.transitions:
+                self._actions.on_transition(t)
 
     def _export_metrics(self, now: float) -> None:
         known = set(self.breaker.subjects())

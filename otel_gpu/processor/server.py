@@ -2,17 +2,21 @@
 
 Requests arrive through generic gRPC handlers with identity (de)serializers, so the processor
 holds the exact bytes the client sent and forwards them unchanged (a rejected point is the only
-thing ever cut out). Per request: bearer token -> admission (in-flight cap, optional rate) ->
-decode the routed series and run detection (metrics) or check the framing (traces, logs) ->
-queue the bytes for every downstream -> reply, with ``partial_success`` when points were
-rejected. Refusals: UNAUTHENTICATED (token), RESOURCE_EXHAUSTED with a RetryInfo delay
-(overload; the OTel exporters wait that long and retry), INVALID_ARGUMENT (malformed).
+thing ever cut out). Per request: bearer token (checked from the call's metadata before its body
+is read) -> admission (memory limit, in-flight cap, optional rate) -> a full protobuf parse
+(what is accepted is valid OTLP, so one client's bytes can never spoil a merged downstream call
+for another) -> detection on the routed series (metrics) -> queue the bytes for every
+downstream -> reply, with ``partial_success`` when points were rejected. Refusals:
+UNAUTHENTICATED (token), RESOURCE_EXHAUSTED with a RetryInfo delay (overload or memory; the OTel
+exporters wait that long and retry), INVALID_ARGUMENT (malformed), RESOURCE_EXHAUSTED from gRPC
+itself for a body over ``max_recv_bytes`` after decompression.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
+import os
+import sqlite3
 import threading
 import time
 from concurrent import futures
@@ -21,14 +25,18 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsPartialSuccess,
+    ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_gpu.detect.breaker import Breaker, BreakerConfig
 from otel_gpu.detect.engine import Engine
 from otel_gpu.errors import UsageError
+from otel_gpu.processor.admission import Admission, Refused
 from otel_gpu.processor.config import (
     ProcessorConfig,
     bind_problem,
@@ -38,8 +46,11 @@ from otel_gpu.processor.config import (
 from otel_gpu.processor.decode import strip_rejected
 from otel_gpu.processor.forward import Forwarder
 from otel_gpu.processor.health import HealthServer
+from otel_gpu.processor.memlimit import MemoryLimiter
 from otel_gpu.processor.pipeline import Actions, Detection
+from otel_gpu.processor.queue import DiskQueue, ForwardQueue, MemoryQueue, queue_file
 from otel_gpu.processor.store import StateStore
+from otel_gpu.processor.telemetry import SIGNALS, self_metrics_request
 from otel_gpu.processor.wire import (
     HEALTH_NOT_SERVING,
     HEALTH_SERVICE,
@@ -50,7 +61,6 @@ from otel_gpu.processor.wire import (
     METRICS_SERVICE,
     TRACE_EXPORT,
     TRACE_SERVICE,
-    EnvelopeView,
     retry_trailers,
 )
 
@@ -58,32 +68,12 @@ log = logging.getLogger("otel_gpu.processor")
 
 _TICK_S = 0.2  # how often pending points, evictions and detector metrics are looked at
 
-
-class _Refused(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str, retry_s: float | None = None):
-        super().__init__(message)
-        self.code, self.message, self.retry_s = code, message, retry_s
-
-
-class _RateLimit:
-    """Token bucket over requests (burst = one second's worth)."""
-
-    def __init__(self, per_s: float) -> None:
-        self.per_s = per_s
-        self._tokens = max(per_s, 1.0)
-        self._at = time.monotonic()
-        self._lock = threading.Lock()
-
-    def take(self) -> float:
-        """0 if admitted, else seconds until a token is due."""
-        with self._lock:
-            now = time.monotonic()
-            self._tokens = min(max(self.per_s, 1.0), self._tokens + (now - self._at) * self.per_s)
-            self._at = now
-            if self._tokens >= 1.0:
-                self._tokens -= 1.0
-                return 0.0
-            return (1.0 - self._tokens) / self.per_s
+# The full parse that validates each request before it is accepted, per export method.
+_PARSERS: dict[str, Any] = {
+    METRICS_EXPORT: ExportMetricsServiceRequest,
+    TRACE_EXPORT: ExportTraceServiceRequest,
+    LOGS_EXPORT: ExportLogsServiceRequest,
+}
 
 
 class Processor:
@@ -96,9 +86,9 @@ class Processor:
         engine: Engine | None = None,
         breaker_config: BreakerConfig | None = None,
         actions: Any = None,
+        memory: MemoryLimiter | None = None,
     ) -> None:
         self.config = config
-        self._token = None if config.token is None else config.token.encode()
         self._store = StateStore(config.state_path)
         bcfg = breaker_config or BreakerConfig()
         saved = self._store.load_breaker()
@@ -112,22 +102,25 @@ class Processor:
         self.forwarders = [
             Forwarder(
                 d,
-                config.queue_requests,
-                config.queue_bytes,
+                self._queue_for(d.target),
                 config.forward_timeout_s,
                 config.forward_retry_s,
                 config.max_recv_bytes,
+                durable=config.queue_dir is not None,
             )
             for d in config.forward
         ]
+        self.memory = memory or MemoryLimiter(config.memory_limit_mib * 1024 * 1024)
+        self._admission = Admission(config, self.memory)
         act: Actions | None = actions
         self.detection = Detection(
             config, engine or Engine(), breaker, self._store, act, self._send
         )
-        self._inflight = threading.BoundedSemaphore(config.max_inflight)
-        self._rate = _RateLimit(config.max_requests_per_s) if config.max_requests_per_s else None
         self._counts: dict[str, int] = {}
+        self._signals = {s: {"accepted": 0, "refused": 0} for s in SIGNALS.values()}
         self._counts_lock = threading.Lock()
+        self._start_ns = time.time_ns()
+        self._last_self_export = time.monotonic()
         self._last_accept: float | None = None
         self._stopping = False
         self._stopped = threading.Event()
@@ -137,13 +130,30 @@ class Processor:
         self.address = ""  # bound gRPC address (after start)
         self.health_address = ""
 
+    def _queue_for(self, target: str) -> ForwardQueue:
+        cfg = self.config
+        if cfg.queue_dir is None:
+            return MemoryQueue(cfg.queue_requests, cfg.queue_bytes)
+        try:
+            os.makedirs(cfg.queue_dir, exist_ok=True)
+            return DiskQueue(queue_file(cfg.queue_dir, target), cfg.queue_dir_bytes)
+        except (OSError, sqlite3.Error) as e:
+            hint = (
+                "another processor is using it: give each processor its own directory"
+                if "locked" in str(e)
+                else "give a writable directory"
+            )
+            raise UsageError(
+                f"--queue-dir {cfg.queue_dir!r}: cannot keep a queue there ({e}); {hint}"
+            ) from None
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
         cfg = self.config
         host, port = parse_hostport(cfg.listen, "--listen")
         server = grpc.server(
-            # More threads than in-flight slots, so an excess request reaches _admit and is
+            # More threads than in-flight slots, so an excess request reaches admit() and is
             # refused with a RetryInfo delay instead of waiting in gRPC's queue.
             futures.ThreadPoolExecutor(
                 max_workers=cfg.max_inflight + 2, thread_name_prefix="otel-gpu-rpc"
@@ -171,7 +181,9 @@ class Processor:
             )
         self.address = format_hostport(host, bound)
         if cfg.health:
-            self._health = HealthServer(cfg.health, self.health, self.stats)
+            self._health = HealthServer(
+                cfg.health, self.health, self.stats, cfg.health_max_connections
+            )
             self.health_address = self._health.address
         server.start()
         self._server = server
@@ -179,8 +191,9 @@ class Processor:
         self._ticker.start()
 
     def stop(self, timeout_s: float | None = None) -> None:
-        """Stop taking requests, finish the ones in flight, flush detection and the downstream
-        queues, close actions and the store; all within ``timeout_s`` (default flush_timeout_s)."""
+        """Stop taking requests, finish the ones in flight, flush detection, the store (firing
+        its actions) and the downstream queues, close actions; all within ``timeout_s``
+        (default flush_timeout_s)."""
         if self._stopping:
             return
         self._stopping = True
@@ -195,20 +208,32 @@ class Processor:
             self.detection.tick(final=True)
         except Exception:
             log.exception("final detection flush failed")
+        # The store first: its writer fires the actions of what it still writes.
+        self._store.close(max(0.1, min(2.0, deadline - time.monotonic())))
         for f in self.forwarders:
             f.close(max(0.0, deadline - time.monotonic()))
         if self._actions is not None and hasattr(self._actions, "close"):
             self._actions.close(max(0.1, deadline - time.monotonic()))
-        self._store.close()
         if self._health is not None:
             self._health.close()
 
     def _tick_loop(self) -> None:
         while not self._stopped.wait(_TICK_S):
             try:
+                self.memory.check()
                 self.detection.tick()
+                now = time.monotonic()
+                every = self.config.telemetry_interval_s
+                if every and now - self._last_self_export >= every:
+                    self._last_self_export = now
+                    self._export_self_metrics()
             except Exception:  # a bug here must not end ticking for good
-                log.exception("detection tick failed")
+                log.exception("processor tick failed")
+
+    def _export_self_metrics(self) -> None:
+        """The processor's own counters, downstream as OTLP metrics (as the Collector does)."""
+        if self.forwarders:
+            self._send(METRICS_EXPORT, self_metrics_request(self.stats(), self._start_ns))
 
     # -- gRPC plumbing -------------------------------------------------------------------------
 
@@ -225,26 +250,57 @@ class Processor:
             HEALTH_SERVICE: {"Check": unary(self._grpc_health)},
         }
 
+        admission = self._admission
+        refusals = {
+            path: grpc.stream_unary_rpc_method_handler(self._unauthenticated(SIGNALS[path]))
+            for path in _PARSERS
+        }
+
         class Handler(grpc.GenericRpcHandler):
             def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-                service, _, method = details.method.lstrip("/").rpartition("/")  # type: ignore[attr-defined]
-                return services.get(service, {}).get(method)
+                path: str = details.method  # type: ignore[attr-defined]
+                service, _, method = path.lstrip("/").rpartition("/")
+                handler = services.get(service, {}).get(method)
+                if (
+                    handler is not None
+                    and path in _PARSERS
+                    and not admission.authorized(
+                        details.invocation_metadata  # type: ignore[attr-defined]
+                    )
+                ):
+                    # Refused from the metadata alone: a stream handler that never reads the
+                    # body, so unauthenticated bytes are never buffered or decoded.
+                    return refusals[path]
+                return handler
 
         return Handler()
 
+    def _unauthenticated(self, signal: str) -> Any:
+        def refuse(requests: Any, context: grpc.ServicerContext) -> bytes:
+            self._count("unauthenticated", signal)
+            context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing or wrong bearer token: send header 'authorization: Bearer <token>'",
+            )
+            raise AssertionError("unreachable")  # abort() raises
+
+        return refuse
+
     def _rpc(self, method: str, body: Any) -> Any:
+        signal = SIGNALS[method]
+
         def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
             try:
-                self._authorize(context)
-                self._admit()
+                self._admission.admit()
                 try:
                     reply = body(method, request)
                 finally:
-                    self._inflight.release()
+                    self._admission.release()
                 self._last_accept = time.monotonic()
+                self._count("", signal)
                 return reply  # type: ignore[no-any-return]
-            except _Refused as r:
-                self._count(r.code.name.lower())
+            except Refused as r:
+                self._count(r.code.name.lower(), signal)
                 if r.retry_s is not None:
                     context.set_trailing_metadata(
                         retry_trailers(r.code.value[0], r.message, r.retry_s)
@@ -258,64 +314,36 @@ class Processor:
 
         return handle
 
-    def _authorize(self, context: grpc.ServicerContext) -> None:
-        if self._token is None:
-            return
-        for key, value in context.invocation_metadata() or ():
-            if key == "authorization":
-                given = value.encode() if isinstance(value, str) else value
-                scheme, _, token = given.partition(b" ")
-                if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._token):
-                    return
-        raise _Refused(
-            grpc.StatusCode.UNAUTHENTICATED,
-            "missing or wrong bearer token: send header 'authorization: Bearer <token>'",
-        )
-
-    def _admit(self) -> None:
-        """Take an in-flight slot (released by the caller) or refuse with a retry delay."""
-        retry = self.config.retry_after_s
-        if not self._inflight.acquire(blocking=False):
-            raise _Refused(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"processor busy ({self.config.max_inflight} requests in flight)",
-                retry,
-            )
-        if self._rate is not None:
-            wait = self._rate.take()
-            if wait > 0:
-                self._inflight.release()
-                raise _Refused(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"over the admission rate of {self._rate.per_s:g} requests/s",
-                    max(retry, wait),
-                )
-
     def _grpc_health(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         return HEALTH_SERVING if self.health()[0] else HEALTH_NOT_SERVING
 
     # -- request bodies (also the in-process path used by the benchmark) ------------------------
 
+    def _check_room(self, size: int) -> None:
+        """With --queue-dir nothing accepted may be lost: while a disk queue is full (or its
+        disk fails), refuse with a retry delay, before detection sees the data, so that the
+        client keeps it and sends it again. A memory queue drops and counts instead: a dead
+        downstream must not stop detection for everyone."""
+        for f in self.forwarders:
+            if f.durable and not f.room(size):
+                raise Refused(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the disk queue for {f.downstream.target} is full (--queue-dir-mib) or "
+                    "failing; retry later",
+                    self.config.retry_after_s,
+                )
+
     def export_metrics(self, method: str, raw: bytes) -> bytes:
         """Handle one encoded ExportMetricsServiceRequest; returns the encoded response."""
-        try:
-            decoded = self.detection.ingest_metrics(raw)
-        except DecodeError as e:
-            raise _Refused(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"not a valid OTLP ExportMetricsServiceRequest ({e})",
-            ) from None
+        if not self._validate(method, raw):
+            return b""
+        self._check_room(len(raw))
+        decoded = self.detection.ingest_metrics(raw)
         self._count("metrics_requests")
         payload = raw
         if decoded.rejected:
             self._count("rejected_requests")
-            try:
-                payload = strip_rejected(raw, decoded.bad)
-            except DecodeError as e:
-                raise _Refused(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"not a valid OTLP ExportMetricsServiceRequest ({e})",
-                ) from None
+            payload = strip_rejected(raw, decoded.bad)
         if payload:
             self._send(method, payload)
         if not decoded.rejected:
@@ -326,25 +354,41 @@ class Processor:
             )
         ).SerializeToString()
 
-    def _export_opaque(self, method: str, raw: bytes) -> bytes:
+    def _validate(self, method: str, raw: bytes) -> int:
+        """Parse ``raw`` in full (framing, every field's type, UTF-8 strings): INVALID_ARGUMENT
+        for anything a strict downstream could refuse to decode. Returns how many items (data
+        points, spans, log records) it holds; a request with none is accepted and dropped."""
         try:
-            EnvelopeView.FromString(raw)
+            items = _items(method, _PARSERS[method].FromString(raw))
         except DecodeError as e:
-            raise _Refused(
-                grpc.StatusCode.INVALID_ARGUMENT, f"not a valid OTLP export request ({e})"
+            raise Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"not a valid OTLP export request ({e}); nothing of it was accepted",
             ) from None
+        if not items:
+            self._count("empty_requests")
+        return items
+
+    def _export_opaque(self, method: str, raw: bytes) -> bytes:
+        if not self._validate(method, raw):
+            return b""
+        self._check_room(len(raw))
         self._count("traces_requests" if method == TRACE_EXPORT else "logs_requests")
-        if raw:
-            self._send(method, raw)
+        self._send(method, raw)
         return b""
 
     def _send(self, method: str, payload: bytes) -> None:
         for f in self.forwarders:
             f.submit(method, payload)
 
-    def _count(self, name: str) -> None:
+    def _count(self, name: str, signal: str | None = None) -> None:
+        """Count ``name`` (if any) and, with ``signal``, that signal's accepted ("" name) or
+        refused request."""
         with self._counts_lock:
-            self._counts[name] = self._counts.get(name, 0) + 1
+            if name:
+                self._counts[name] = self._counts.get(name, 0) + 1
+            if signal is not None:
+                self._signals[signal]["refused" if name else "accepted"] += 1
 
     # -- health and stats ------------------------------------------------------------------------
 
@@ -352,6 +396,11 @@ class Processor:
         """(healthy, one line) by the rule documented in :mod:`otel_gpu.processor.health`."""
         if self._stopping:
             return False, "stopping"
+        problems = [self._store.problem(), self.memory.problem()]
+        problems += [f.problem() for f in self.forwarders]
+        for problem in problems:
+            if problem:
+                return False, f"degraded: {problem}"
         last = self._last_accept
         if last is None:
             return True, "ok: waiting for data"
@@ -367,21 +416,30 @@ class Processor:
         """Counters: requests by outcome, detection, each downstream, actions (no secrets)."""
         with self._counts_lock:
             out: dict[str, Any] = dict(self._counts)
+            out["signals"] = {s: dict(c) for s, c in self._signals.items()}
         out["detection"] = asdict(self.detection.stats())
-        out["forward"] = {
-            f.downstream.target: {
-                "sent": f.sent,
-                "calls": f.calls,
-                "dropped": f.dropped,
-                "failed": f.failed,
-                "retries": f.retries,
-                "queued": f.depth(),
-            }
-            for f in self.forwarders
-        }
+        out["forward"] = {f.downstream.target: f.snapshot() for f in self.forwarders}
+        out["store"] = self._store.snapshot()
+        out["memory"] = self.memory.snapshot()
         if self._actions is not None and hasattr(self._actions, "stats"):
             out["actions"] = asdict(self._actions.stats)
         return out
+
+
+def _items(method: str, req: Any) -> int:
+    """Data points, spans or log records in a parsed export request."""
+    if method == METRICS_EXPORT:
+        n = 0
+        for rm in req.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    kind = m.WhichOneof("data")
+                    if kind is not None:
+                        n += len(getattr(m, kind).data_points)
+        return n
+    if method == TRACE_EXPORT:
+        return sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+    return sum(len(sl.log_records) for rl in req.resource_logs for sl in rl.scope_logs)
 
 
 def _read(path: str) -> bytes:

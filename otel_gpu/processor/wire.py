@@ -79,14 +79,14 @@ def _build_views() -> dict[str, Any]:
         ("as_int", 6, _F.TYPE_SFIXED64, False, None),
         oneof="value",
     )
-    # traces and logs: three levels of framing, items opaque.
-    message("Envelope", ("resources", 1, msg, True, "ResourceEnvelope"))
+    # Export*ServiceResponse: partial_success {rejected_<items> = 1, error_message = 2}, alike
+    # for metrics, traces and logs.
     message(
-        "ResourceEnvelope",
-        ("resource", 1, byt, False, None),
-        ("scopes", 2, msg, True, "ScopeEnvelope"),
+        "PartialSuccess",
+        ("rejected", 1, _F.TYPE_INT64, False, None),
+        ("error_message", 2, string, False, None),
     )
-    message("ScopeEnvelope", ("scope", 1, byt, False, None), ("items", 2, byt, True, None))
+    message("ExportResponse", ("partial_success", 1, msg, False, "PartialSuccess"))
 
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fd)
@@ -94,7 +94,7 @@ def _build_views() -> dict[str, Any]:
         "MetricsRequest",
         "NumberDataRaw",
         "NumberDataPoint",
-        "Envelope",
+        "ExportResponse",
     )
     return {
         n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PKG}.{n}")) for n in names
@@ -105,7 +105,7 @@ _VIEWS = _build_views()
 MetricsRequestView: Any = _VIEWS["MetricsRequest"]
 NumberDataRawView: Any = _VIEWS["NumberDataRaw"]
 NumberDataPointView: Any = _VIEWS["NumberDataPoint"]
-EnvelopeView: Any = _VIEWS["Envelope"]
+PartialSuccessView: Any = _VIEWS["ExportResponse"]
 
 
 def retry_trailers(code_value: int, message: str, delay_s: float) -> tuple[tuple[str, bytes], ...]:
