@@ -21,7 +21,7 @@ from fakenvml.fixtures import FakeNvml
 from test_cli import CLI, _env
 from test_isolation import _console_points
 
-from otel_gpu.sampling.snapshot import STATUS_OK
+from otel_gpu.sampling.snapshot import STATUS_FAILED, STATUS_OK
 
 
 class ManualClock:
@@ -143,6 +143,33 @@ def test_many_threads_sampling_while_gpus_come_and_go(fake_nvml: FakeNvml):
     final = src.sample([])
     assert [g.index for g in final.gpus] == [0, 1] and final.gpus[0].xid_errors == 30
     assert fake_nvml.call_count("nvmlInitWithFlags") == 1  # never re-initialized
+
+
+def test_a_gpu_falling_off_the_bus_after_xid_79(fake_nvml: FakeNvml):
+    """Xid 79 ("fallen off the bus"), then every call on that GPU says GPU_IS_LOST: the Xid is
+    counted, the GPU turns failed with no values at all (no stale repeats, not even of its
+    Xid count), it is probed once per lost_retry_s (no tight error loop, one log line), and
+    the other GPU keeps reporting throughout."""
+    clock = ManualClock()
+    src = fake_nvml.source(clock=clock, lost_retry_s=30)
+    src.sample([])
+    fake_nvml.append("gpu.1.xid = 79")
+    gpus = {g.index: g for g in src.sample([]).gpus}
+    assert gpus[1].xid_errors == 1 and gpus[1].status == STATUS_OK
+    fake_nvml.append("fail.*.1 = GPU_IS_LOST")
+    on_gpu1 = fake_nvml.call_count("*", gpu=1)
+    for _ in range(20):  # 20 sweeps, one a second
+        clock.now += 1
+        gpus = {g.index: g for g in src.sample([]).gpus}
+        assert gpus[0].status == STATUS_OK and gpus[0].power_w == 70.0
+        lost = gpus[1]
+        assert lost.status == STATUS_FAILED
+        assert (lost.power_w, lost.memory_used, lost.xid_errors) == (None, None, None)
+    assert fake_nvml.call_count("*", gpu=1) == on_gpu1 + 1  # the one call that found it lost
+    clock.now += 15  # 35 s after the loss: one probe, which fails again
+    src.sample([])
+    assert fake_nvml.call_count("*", gpu=1) == on_gpu1 + 2
+    assert src.error_counts["GPU_IS_LOST"] == 2
 
 
 # ---- end to end under otel-gpu run -----------------------------------------------------------
