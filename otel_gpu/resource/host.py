@@ -56,6 +56,9 @@ def host_attributes(info: HostInfo) -> dict[str, AttributeValue]:
     return attrs
 
 
+_PROBE = "from otel_gpu.resource.host import print_host_info; print_host_info()"
+
+
 class NvmlHostProbe:
     """:class:`HostInfo` read from NVML by a child process (a fresh interpreter without
     OpenTelemetry auto-instrumentation), killed if it outlives ``timeout_s``."""
@@ -72,7 +75,7 @@ class NvmlHostProbe:
             env["OTEL_GPU_NVML_LIBRARY"] = self.library_path
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "otel_gpu.resource.host"],
+                [sys.executable, "-c", _PROBE],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 capture_output=True,  # its "no GPU" warnings are the detector's to report
@@ -160,7 +163,7 @@ class GpuHostResourceDetector(ResourceDetector):
         return Resource(attrs)
 
 
-def _probe() -> None:
+def print_host_info() -> None:
     """The child's side of :class:`NvmlHostProbe`: print this host's :class:`HostInfo` as JSON."""
     from otel_gpu.sampling.nvml import NvmlSource  # imported late: it loads pynvml
 
@@ -170,7 +173,3 @@ def _probe() -> None:
     finally:
         source.close()
     print(json.dumps(dataclasses.asdict(info)))
-
-
-if __name__ == "__main__":
-    _probe()
