@@ -8,6 +8,7 @@ end to end under ``otel-gpu run``, no library or no GPU without a crash loop (1,
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -170,6 +171,22 @@ def test_a_gpu_falling_off_the_bus_after_xid_79(fake_nvml: FakeNvml):
     src.sample([])
     assert fake_nvml.call_count("*", gpu=1) == on_gpu1 + 2
     assert src.error_counts["GPU_IS_LOST"] == 2
+
+
+def test_no_xid_event_pending_is_normal_and_polled_once_per_sweep(fake_nvml: FakeNvml, caplog):
+    """nvmlEventSetWait answering TIMEOUT (nothing pending) is the normal case: one
+    non-blocking poll per sweep (no spinning), not an error, not logged; a GPU that cannot
+    register for Xids reports them as unknown and keeps every other value."""
+    fake_nvml.write("devices = 2\ngpu.1.supported_events = 0")
+    caplog.set_level(logging.INFO, logger="otel_gpu.nvml")
+    src = fake_nvml.source()
+    for _ in range(20):
+        gpus = {g.index: g for g in src.sample([]).gpus}
+        assert gpus[0].xid_errors == 0 and gpus[1].xid_errors is None
+        assert gpus[1].power_w == 70.0 and gpus[1].status == STATUS_OK
+    assert fake_nvml.call_count("nvmlEventSetWait_v2") == 20
+    assert "TIMEOUT" not in src.error_counts
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 # ---- end to end under otel-gpu run -----------------------------------------------------------
