@@ -118,6 +118,13 @@ def _sweep_duration(s: SamplingState, _e: ExportHealth) -> Iterable[Observation]
         yield Observation(snap.sweep_seconds)
 
 
+def _gpu_read_duration(s: SamplingState, _e: ExportHealth) -> Iterable[Observation]:
+    snap = s.fresh()
+    for g in snap.gpus if snap is not None else ():
+        if g.read_seconds is not None:
+            yield Observation(g.read_seconds, {"hw.id": g.uuid})
+
+
 def _snapshot_age(s: SamplingState, _e: ExportHealth) -> Iterable[Observation]:
     yield Observation(s.age())
 
@@ -134,6 +141,14 @@ INSTRUMENTS: Sequence[SelfInstrument] = (
         "s",
         "Wall time of the last NVML + /proc sweep",
         _sweep_duration,
+    ),
+    SelfInstrument(
+        "otel_gpu.agent.gpu.read.duration",
+        "gauge",
+        "s",
+        "Wall time the last sweep spent reading each GPU (hw.id); left out for a GPU whose "
+        "read was abandoned (hung) or that is lost",
+        _gpu_read_duration,
     ),
     SelfInstrument(
         "otel_gpu.agent.snapshot.age",

@@ -94,15 +94,20 @@ def build_resource(
     Command-line attributes (the SDK's process detector) follow ``process_command``."""
     from opentelemetry.sdk.resources import ResourceDetector, get_aggregated_resources
 
-    from otel_gpu.agent import make_source
     from otel_gpu.export import default_service_name
     from otel_gpu.redact import COMMAND_REDACTED
     from otel_gpu.redact_sdk import redact_resource
     from otel_gpu.resource import GitResourceDetector, GpuHostResourceDetector, JobResourceDetector
+    from otel_gpu.resource.host import host_info_source
 
     detectors: list[ResourceDetector] = [GitResourceDetector(), JobResourceDetector()]
     if settings is not None:
-        detectors.append(GpuHostResourceDetector(source_factory=lambda: make_source(settings)))
+        chosen = settings
+        detectors.append(
+            GpuHostResourceDetector(
+                source_factory=lambda: host_info_source(chosen.simulate, chosen.nvml_library)
+            )
+        )
     name = service_name or default_service_name(command)
     base = Resource.create({SERVICE_NAME: name})
     resource = get_aggregated_resources(detectors, initial_resource=base, timeout=5)

@@ -1,15 +1,22 @@
 """GPU host facts as resource attributes: driver versions, GPU count and models.
 
 Semconv has no attributes for these, so they are documented extensions under ``otel_gpu.``.
-NVML is asked through :meth:`otel_gpu.sampling.nvml.NvmlSource.host_info` on a helper thread
-with a deadline: a hung driver can't hold up the SDK's start-up (whose executor would wait for
-a blocked detector forever).
+NVML is asked through :meth:`otel_gpu.sampling.nvml.NvmlSource.host_info` in a short-lived
+child process (:class:`NvmlHostProbe`), waited for on a helper thread with a deadline: a driver
+fault that aborts or segfaults ``nvmlInit`` ends that child, never the job (resource detection
+runs inside every ``opentelemetry-instrument``-ed process) or the ``otel-gpu run`` wrapper, and a
+hung driver can't hold up the SDK's start-up (whose executor would wait for a blocked detector
+forever).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from typing import Protocol
@@ -49,17 +56,59 @@ def host_attributes(info: HostInfo) -> dict[str, AttributeValue]:
     return attrs
 
 
-def _default_source() -> HostInfoSource:
-    """The simulated GPU when ``OTEL_GPU_SIMULATE`` is set (demo, no-GPU users), else NVML
-    (``OTEL_GPU_NVML_LIBRARY`` names the library file when set)."""
-    scenario = os.environ.get("OTEL_GPU_SIMULATE", "").strip()
-    if scenario:
+_PROBE = "from otel_gpu.resource.host import print_host_info; print_host_info()"
+
+
+class NvmlHostProbe:
+    """:class:`HostInfo` read from NVML by a child process (a fresh interpreter without
+    OpenTelemetry auto-instrumentation), killed if it outlives ``timeout_s``."""
+
+    def __init__(self, library_path: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.library_path = library_path
+        self.timeout_s = timeout_s
+
+    def host_info(self) -> HostInfo:
+        from otel_gpu.sampling.isolated import child_environment, describe_exit
+
+        env = child_environment()
+        if self.library_path:
+            env["OTEL_GPU_NVML_LIBRARY"] = self.library_path
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-c", _PROBE],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,  # its "no GPU" warnings are the detector's to report
+                text=True,
+                timeout=self.timeout_s,
+            )
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"NVML did not answer in {self.timeout_s:g}s") from None
+        if proc.returncode != 0:
+            raise RuntimeError(f"the NVML probe process {describe_exit(proc.returncode)}")
+        fields = json.loads(proc.stdout)
+        fields["gpu_models"] = tuple(fields["gpu_models"])
+        return HostInfo(**fields)
+
+    def close(self) -> None:
+        """Nothing to release: the child process has ended."""
+
+
+def host_info_source(simulate: str | None, library_path: str | None) -> HostInfoSource:
+    """The simulated GPU for ``simulate`` (a scenario name), else NVML through a child process."""
+    if simulate:
         from otel_gpu.sampling.sim import SimulatedSource
 
-        return SimulatedSource(scenario)
-    from otel_gpu.sampling.nvml import NvmlSource  # imported late: it loads pynvml
+        return SimulatedSource(simulate)
+    return NvmlHostProbe(library_path)
 
-    return NvmlSource(library_path=os.environ.get("OTEL_GPU_NVML_LIBRARY", "").strip() or None)
+
+def _default_source() -> HostInfoSource:
+    """From ``OTEL_GPU_SIMULATE`` and ``OTEL_GPU_NVML_LIBRARY`` (the library file when set)."""
+    return host_info_source(
+        os.environ.get("OTEL_GPU_SIMULATE", "").strip() or None,
+        os.environ.get("OTEL_GPU_NVML_LIBRARY", "").strip() or None,
+    )
 
 
 class GpuHostResourceDetector(ResourceDetector):
@@ -67,7 +116,7 @@ class GpuHostResourceDetector(ResourceDetector):
 
     Without NVML (no driver, no GPU) the resource is empty and one warning is logged.
     ``source_factory`` builds the source of :class:`HostInfo` (default: the simulated GPU when
-    ``OTEL_GPU_SIMULATE`` is set, else the real NVML source).
+    ``OTEL_GPU_SIMULATE`` is set, else NVML read by a child process: :class:`NvmlHostProbe`).
     """
 
     def __init__(
@@ -112,3 +161,15 @@ class GpuHostResourceDetector(ResourceDetector):
         if not attrs:
             log.warning("GPU host attributes not recorded: no NVIDIA driver or GPU found")
         return Resource(attrs)
+
+
+def print_host_info() -> None:
+    """The child's side of :class:`NvmlHostProbe`: print this host's :class:`HostInfo` as JSON."""
+    from otel_gpu.sampling.nvml import NvmlSource  # imported late: it loads pynvml
+
+    source = NvmlSource(library_path=os.environ.get("OTEL_GPU_NVML_LIBRARY") or None)
+    try:
+        info = source.host_info()
+    finally:
+        source.close()
+    print(json.dumps(dataclasses.asdict(info)))

@@ -465,11 +465,13 @@ class NvmlSource:
                     dev.lost, dev.probing = False, True  # a full read decides
                 values: dict[str, Any] = {}
                 sweep.fields[dev.key] = values
+                began = time.perf_counter()
                 try:
                     self._read_device(dev, values, sweep.processes, now)
                 except api.DeviceFailed:
                     values.clear()
                     continue
+                values["read_seconds"] = time.perf_counter() - began
                 if dev.probing:
                     dev.probing = False
                     log.info("GPU %s (%s) is readable again", dev.index, dev.uuid)

@@ -57,6 +57,8 @@ class GpuSample:
     # Whether NVML's process list was read this sweep (False: not supported or the call failed,
     # so an empty list says nothing about how many processes hold the GPU).
     processes_listed: bool | None = None
+    # Wall time (s) this sweep spent reading this device: the slow GPU in a slow sweep.
+    read_seconds: float | None = None
 
 
 class GpuProcessSample(NamedTuple):
