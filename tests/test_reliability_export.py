@@ -137,7 +137,7 @@ class Exporting:
     def __init__(self, endpoint: str, timeout_s: float) -> None:
         self.health = ExportHealth()
         settings = Settings(endpoint=endpoint, export_timeout_s=timeout_s, export_interval_s=3600)
-        (self.reader,) = metric_readers(settings, self.health)
+        (self.reader,) = metric_readers(settings, export_health=self.health)
         self.provider = MeterProvider(metric_readers=[self.reader])
         self.sampler = Sampler(SimulatedSource("steady"), None, interval_s=0.1)
         meter = self.provider.get_meter("t")

@@ -252,7 +252,7 @@ def test_run_without_gpus_reports_it_and_never_crash_loops(
     assert "process.memory.usage" in names  # the job's own metrics still flow
     restarts = [v for name, _a, v, _n in points if name == "otel_gpu.agent.sampler.restarts"]
     assert restarts and max(restarts) == 0, "the sampling helper crash-looped"
-    warnings = [line for line in err.splitlines() if "no GPU data" in line]
+    warnings = [ln for ln in err.splitlines() if "WARNING" in ln and "no GPU data" in ln]
     assert len(warnings) == 1 and reason in warnings[0], err[-2000:]
     assert "Traceback" not in err
 
