@@ -59,7 +59,7 @@ def metric_readers(
         elif name == "otlp":
             readers.append(
                 PeriodicExportingMetricReader(
-                    counted(_otlp_exporter(settings)),
+                    counted(_otlp_exporter(settings, export_health)),
                     interval_ms,
                     export_timeout_millis=settings.export_timeout_s * 1000.0,
                 )
@@ -69,11 +69,12 @@ def metric_readers(
     return readers
 
 
-def _otlp_exporter(settings: Settings) -> MetricExporter:
-    """The SDK's OTLP gRPC exporter, its problems reported once per episode."""
+def _otlp_exporter(settings: Settings, export_health: ExportHealth | None) -> MetricExporter:
+    """The SDK's OTLP gRPC exporter, its problems reported once per episode and the points a
+    collector rejects in a partial success counted (``otel_gpu.agent.export.rejected_points``)."""
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
-    from otel_gpu.export_log import EpisodeReportingExporter
+    from otel_gpu.export_log import EpisodeReportingExporter, PartialSuccessReport
 
     kwargs: dict[str, object] = {"timeout": settings.export_timeout_s}
     if settings.endpoint:
@@ -87,7 +88,11 @@ def _otlp_exporter(settings: Settings) -> MetricExporter:
     target = settings.endpoint or os.environ.get(
         "OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4317"
     )
-    return EpisodeReportingExporter(exporter, f"metric export to {target}")
+    what = f"metric export to {target}"
+    PartialSuccessReport(
+        what, export_health.record_rejected if export_health is not None else None
+    ).attach(exporter)
+    return EpisodeReportingExporter(exporter, what)
 
 
 class ScrapeEndpoint(PrometheusMetricReader):

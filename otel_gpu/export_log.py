@@ -16,6 +16,8 @@ from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 
+from otel_gpu.redact import redact_text
+
 log = logging.getLogger("otel_gpu.export")
 
 # The SDK's loggers whose export warnings the episode report replaces.
@@ -143,3 +145,78 @@ class EpisodeReportingExporter(MetricExporter):
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+class _ObservedStub:
+    """A gRPC metrics stub whose ``Export`` answers are also handed to ``on_reply``."""
+
+    def __init__(self, stub: Any, on_reply: Callable[[Any], None]) -> None:
+        self._stub = stub
+        self._on_reply = on_reply
+
+    def Export(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 (the stub's naming)
+        reply = self._stub.Export(*args, **kwargs)
+        try:
+            self._on_reply(reply)
+        except Exception:  # reporting must never fail an export
+            log.debug("reading the export answer failed", exc_info=True)
+        return reply
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stub, name)
+
+
+class PartialSuccessReport:
+    """The collector's ``partial_success`` (points it accepted the request for but rejected),
+    which the SDK's OTLP exporter discards: counted through ``on_rejected`` and logged on the
+    first rejection and then at most every ``every_s`` with the running count. Never retried
+    (the OTLP spec: a partial success must not be sent again)."""
+
+    def __init__(
+        self,
+        what: str,
+        on_rejected: Callable[[int], None] | None = None,
+        *,
+        every_s: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.what = what
+        self.rejected = 0
+        self._on_rejected = on_rejected
+        self._every_s = every_s
+        self._clock = clock
+        self._logged_at: float | None = None
+
+    def attach(self, exporter: Any) -> bool:
+        """Read every answer ``exporter`` (the SDK's OTLPMetricExporter) gets, including after
+        it reconnects. Uses the exporter's private stub factory; False (and nothing changes)
+        when this SDK version has none."""
+        factory = getattr(exporter, "_stub", None)
+        client = getattr(exporter, "_client", None)
+        if factory is None or client is None or not hasattr(client, "Export"):
+            log.debug("cannot read export answers from this OpenTelemetry SDK")
+            return False
+        exporter._stub = lambda channel: _ObservedStub(factory(channel), self.on_reply)
+        exporter._client = _ObservedStub(client, self.on_reply)
+        return True
+
+    def on_reply(self, reply: Any) -> None:
+        partial = getattr(reply, "partial_success", None)
+        count = int(getattr(partial, "rejected_data_points", 0) or 0)
+        if count <= 0:
+            return
+        self.rejected += count
+        if self._on_rejected is not None:
+            self._on_rejected(count)
+        now = self._clock()
+        if self._logged_at is None or now - self._logged_at >= self._every_s:
+            self._logged_at = now
+            reason = redact_text(str(getattr(partial, "error_message", "") or "no reason given"))
+            log.warning(
+                "%s: the collector rejected %d data point(s) (%s); %d rejected so far, not "
+                "sent again",
+                self.what,
+                count,
+                reason[:200],
+                self.rejected,
+            )

@@ -46,6 +46,7 @@ class ExportHealth:
         self.exports = 0
         self.failures = 0
         self.dropped_points = 0
+        self.rejected_points = 0  # in partial successes: the collector took the rest
         self.failing_since: float | None = None  # monotonic time of the first failure in a row
 
     def record(self, ok: bool, points: int) -> None:
@@ -58,6 +59,10 @@ class ExportHealth:
             self.dropped_points += points
             if self.failing_since is None:
                 self.failing_since = self._clock()
+
+    def record_rejected(self, points: int) -> None:
+        with self._lock:
+            self.rejected_points += points
 
     def failing_for(self) -> float:
         """Seconds exports have been failing without a success in between (0: not failing)."""
@@ -185,6 +190,13 @@ INSTRUMENTS: Sequence[SelfInstrument] = (
         "{point}",
         "Data points in failed metric exports (lost)",
         lambda _s, e: [Observation(e.dropped_points)],
+    ),
+    SelfInstrument(
+        "otel_gpu.agent.export.rejected_points",
+        "counter",
+        "{point}",
+        "Data points a collector rejected in a partial success (not sent again)",
+        lambda _s, e: [Observation(e.rejected_points)],
     ),
 )
 

@@ -44,12 +44,20 @@ class Refusal:
     retry_after_s: float | None = None
 
 
+@dataclass(frozen=True)
+class Partial:
+    """An answer: accepted, but ``rejected`` points refused (OTLP partial_success)."""
+
+    rejected: int
+    message: str
+
+
 @dataclass
 class ScriptedCollector:
     """A real OTLP gRPC metrics receiver that answers the n-th request with ``answers[n]``
     (the last answer repeats) and keeps every request with its arrival time (monotonic)."""
 
-    answers: list[Refusal | None]
+    answers: list[Refusal | Partial | None]
     delay_s: float = 0.0  # before answering (a slow collector)
     arrivals: list[float] = field(default_factory=list)
     requests: list[metrics_service_pb2.ExportMetricsServiceRequest] = field(default_factory=list)
@@ -63,6 +71,11 @@ class ScriptedCollector:
         answer = self.answers[min(n, len(self.answers) - 1)]
         if answer is None:
             return metrics_service_pb2.ExportMetricsServiceResponse()
+        if isinstance(answer, Partial):
+            reply = metrics_service_pb2.ExportMetricsServiceResponse()
+            reply.partial_success.rejected_data_points = answer.rejected
+            reply.partial_success.error_message = answer.message
+            return reply
         if answer.retry_after_s is not None:
             whole = int(answer.retry_after_s)
             delay = Duration(seconds=whole, nanos=int((answer.retry_after_s - whole) * 1e9))
@@ -301,3 +314,21 @@ def test_a_batch_sent_again_after_a_lost_answer_is_the_same_batch(exporting) -> 
         for r in collector.requests
     )
     assert first == again and len(first) > 10
+
+
+def test_a_partial_success_is_counted_logged_once_and_not_sent_again(
+    exporting, caplog: pytest.LogCaptureFixture
+) -> None:
+    collector = ScriptedCollector([Partial(3, "bad points: hf_abcdefghijklmnopqrstuvwxyz0123")])
+    with serving(collector) as endpoint:
+        e = exporting(endpoint, 5.0)
+        with caplog.at_level("WARNING", logger="otel_gpu.export"):
+            e.export_once()
+            e.export_once()
+    assert len(collector.arrivals) == 2  # one attempt per export: a partial success is final
+    assert e.health.rejected_points == 6 and e.health.failures == 0
+    lines = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+    assert len(lines) == 1 and "rejected 3 data point(s)" in lines[0]
+    assert "hf_abcdefghijklmnopqrstuvwxyz0123" not in lines[0]  # the collector's text, redacted
+    (spec,) = [i for i in selfmetrics.INSTRUMENTS if i.name.endswith("export.rejected_points")]
+    assert [o.value for o in spec.read(e.sampler, e.health)] == [6]
