@@ -17,6 +17,7 @@ from typing import Any
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 
 from otel_gpu.redact import redact_text
+from otel_gpu.selfmetrics import count_points
 
 log = logging.getLogger("otel_gpu.export")
 
@@ -125,6 +126,7 @@ class EpisodeReportingExporter(MetricExporter):
         self._inner = inner
         self._episodes = episodes or ExportEpisodes(what)
         self._causes = _cause_keeper()
+        self._delivered = False
 
     def export(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
@@ -135,9 +137,17 @@ class EpisodeReportingExporter(MetricExporter):
             cause = self._causes.last
         except Exception as exc:  # the reader would log a traceback per export
             result, cause = MetricExportResult.FAILURE, f"{type(exc).__name__}: {exc}"
-        line = self._episodes.result(result is MetricExportResult.SUCCESS, cause)
+        ok = result is MetricExportResult.SUCCESS
+        line = self._episodes.result(ok, cause)
         if line:
             log.warning("%s", line)
+        elif ok and not self._delivered:
+            log.info(
+                "%s: first export delivered (%d data points)",
+                self._episodes.what,
+                count_points(metrics_data),
+            )
+        self._delivered = self._delivered or ok
         return result
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from otlp_sink import OtlpSink
 from test_cli import CLI, _env, otel_gpu
 
 from otel_gpu import __version__
@@ -190,3 +191,19 @@ def test_the_demo_says_its_windows_are_shortened() -> None:
     assert res.returncode == 0, res.stderr
     assert "windows shortened for the demo" in res.stdout
     assert "~2 h of data for a slow leak" in res.stdout
+
+
+def test_verbose_logs_what_the_agent_does() -> None:
+    with OtlpSink() as sink:
+        argv = [*CLI, "run", "--quiet", "--simulate", "leak", "--interval", "0.3",
+                "--export-interval", "0.5", "--endpoint", sink.endpoint, "--",
+                sys.executable, "-c", "import time; time.sleep(2)"]  # fmt: skip
+        quiet = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=_env())
+        loud = subprocess.run(
+            [*argv[:4], "-v", *argv[4:]], capture_output=True, text=True, timeout=60, env=_env()
+        )
+    assert quiet.returncode == loud.returncode == 0, loud.stderr
+    assert "INFO" not in quiet.stderr
+    assert "sampling helper process started (PID" in loud.stderr
+    assert "first sweep: 1 GPU(s), " in loud.stderr
+    assert f"metric export to {sink.endpoint}: first export delivered" in loud.stderr

@@ -182,6 +182,7 @@ class SamplerProcess(Published):
         self._episode_failures = 0
         self._started_at = 0.0
         self._hung_what: str | None = None  # what the helper said it hung in, before exiting
+        self._first_sweep_logged = False
 
     # -- public surface ---------------------------------------------------------------------
 
@@ -268,6 +269,13 @@ class SamplerProcess(Published):
             self._child = child
         self.carry_errors()
         self._started_at = self._clock()
+        self._first_sweep_logged = False
+        log.info(
+            "sampling helper process started (PID %d): %s, every %g s",
+            child.pid,
+            f"simulated GPU ({spec.simulate})" if spec.simulate else "NVML",
+            spec.interval_s,
+        )
         return child
 
     def _pump(self, child: subprocess.Popen[bytes]) -> str:
@@ -315,6 +323,15 @@ class SamplerProcess(Published):
             return
         if message[0] == "snapshot":
             snap = message[1]
+            if not self._first_sweep_logged:
+                self._first_sweep_logged = True
+                log.info(
+                    "first sweep: %d GPU(s), %d process(es), %.1f ms%s",
+                    len(snap.gpus),
+                    len(snap.processes),
+                    1000 * (snap.sweep_seconds or 0.0),
+                    f" ({snap.no_gpu_reason})" if snap.no_gpu_reason else "",
+                )
             if self._episode_failures and self._clock() - self._started_at >= HEALTHY_AFTER_S:
                 log.warning(
                     "sampler process healthy again after %d failure(s)", self._episode_failures
