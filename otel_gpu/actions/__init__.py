@@ -11,7 +11,7 @@ Typical wiring (agent or processor)::
 """
 
 from otel_gpu.actions.config import ActionsConfig
-from otel_gpu.actions.dispatcher import ActionDispatcher, DeliveryStats, transition_event
+from otel_gpu.actions.dispatcher import ActionDispatcher, transition_event
 from otel_gpu.actions.notifiers import (
     DingTalkNotifier,
     FeishuNotifier,
@@ -23,6 +23,7 @@ from otel_gpu.actions.notifiers import (
     feishu_sign,
     format_text,
 )
+from otel_gpu.actions.outbox import DeliveryStats, Outbox, RetryPolicy
 from otel_gpu.actions.redact import redact_url
 from otel_gpu.actions.span_event import add_alert_event, get_job_span, set_job_span
 from otel_gpu.actions.stop import JobStopper, StopResult, parse_signal
@@ -36,6 +37,8 @@ __all__ = [
     "JobStopper",
     "JsonNotifier",
     "Notifier",
+    "Outbox",
+    "RetryPolicy",
     "SlackNotifier",
     "StopResult",
     "WeComNotifier",
