@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from otel_gpu.actions.config import ActionsConfig
 from otel_gpu.actions.http import build_opener, post, retry_after_s
-from otel_gpu.actions.notifiers import Notifier, Reply
+from otel_gpu.actions.notifiers import Reply, WebhookNotifier
 from otel_gpu.actions.outbox import Delivery, DeliveryStats, Outbox, RetryPolicy
 from otel_gpu.actions.span_event import add_alert_event
 from otel_gpu.actions.stop import JobStopper
@@ -44,7 +44,7 @@ class ActionDispatcher:
 
     def __init__(
         self,
-        notifiers: Sequence[Notifier] = (),
+        notifiers: Sequence[WebhookNotifier] = (),
         *,
         notify_on: Iterable[str] = ("open", "closed"),
         queue_size: int = 256,
@@ -268,7 +268,7 @@ class ActionDispatcher:
                 return None
             self._cv.wait(due)  # None: until something is queued or close() is called
 
-    def _attempt(self, n: Notifier, item: Delivery) -> tuple[Reply, float | None]:
+    def _attempt(self, n: WebhookNotifier, item: Delivery) -> tuple[Reply, float | None]:
         """One POST. Returns the verdict and a Retry-After delay (seconds) if the server gave one."""
         req = n.build(item.transition, self._wall(), self._source)
         with self._cv:

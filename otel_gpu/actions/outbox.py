@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from otel_gpu.actions.notifiers import Notifier, Reply
+from otel_gpu.actions.notifiers import Reply, WebhookNotifier
 from otel_gpu.actions.redact import scrub
 from otel_gpu.detect.breaker import Transition
 
@@ -71,7 +71,7 @@ class Outbox:
 
     def __init__(
         self,
-        notifiers: Sequence[Notifier],
+        notifiers: Sequence[WebhookNotifier],
         *,
         queue_size: int = 256,
         policy: RetryPolicy | None = None,
