@@ -13,7 +13,7 @@ import logging
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from otel_gpu.actions.notifiers import Reply, WebhookNotifier
 from otel_gpu.actions.redact import scrub
@@ -44,7 +44,6 @@ class Delivery:
     event: str
     attempt: int = 0  # attempts made so far
     due: float = 0.0  # monotonic time it may be sent
-    last_error: str = field(default="")
 
 
 @dataclass(frozen=True)
@@ -170,7 +169,6 @@ class Outbox:
         if reply.retry and item.attempt < self.policy.max_attempts:
             delay = self.policy.delay(item.attempt, retry_after, self._rand())
             item.due = now + delay
-            item.last_error = error
             self.stats.retried += 1
             self._queues[item.destination].appendleft(item)
             self._note(logging.INFO, "retrying %s in %.2f s: %s", what, delay, error)
