@@ -9,13 +9,17 @@ from pathlib import Path
 import pytest
 
 from otel_gpu.actions import ActionsConfig, redact_url
+from otel_gpu.actions.config import env_name
 from otel_gpu.actions.notifiers import (
+    VENDORS,
     DingTalkNotifier,
     FeishuNotifier,
     JsonNotifier,
     SlackNotifier,
+    WebhookNotifier,
     WeComNotifier,
 )
+from otel_gpu.actions.redact import scrub
 from otel_gpu.errors import UsageError
 
 SLACK = "https://hooks.slack.com/services/T0001/B0002/SeCrEtToKeN99"
@@ -48,7 +52,7 @@ def test_environment_builds_each_destination() -> None:
     )
     kinds = [type(n) for n in cfg.notifiers()]
     assert kinds == [SlackNotifier, DingTalkNotifier, FeishuNotifier, WeComNotifier, JsonNotifier]
-    assert cfg.webhook_headers == {"Authorization": "Bearer t0ken-1", "X-A": "b"}
+    assert cfg.webhooks["webhook_headers"] == {"Authorization": "Bearer t0ken-1", "X-A": "b"}
     assert cfg.notify_on == {"open", "reopen", "closed"} and cfg.max_attempts == 3
     assert cfg.timeout_s == 2.5 and cfg.stop_on_alert and cfg.stop_signal == "SIGTERM"
     assert cfg.stop_kinds == {"leak", "stall", "hardware"}
@@ -83,9 +87,10 @@ def test_config_file_json_and_env_precedence(tmp_path: Path) -> None:
     cfg = ActionsConfig.from_env(
         {"OTEL_GPU_ACTIONS_CONFIG": str(f), "OTEL_GPU_ACTIONS_QUEUE_SIZE": "20"}
     )
-    assert cfg.slack_webhook_url == SLACK and cfg.notify_on == {"open"}
+    assert cfg.webhooks["slack_webhook_url"] == SLACK and cfg.notify_on == {"open"}
     assert cfg.queue_size == 20  # environment beats the file
-    assert cfg.webhook_headers == {"Authorization": "Bearer from-file"} and cfg.stop_on_alert
+    assert cfg.webhooks["webhook_headers"] == {"Authorization": "Bearer from-file"}
+    assert cfg.stop_on_alert
     assert ActionsConfig.from_env({"OTEL_GPU_ACTIONS_CONFIG": str(f)}, queue_size=5).queue_size == 5
 
 
@@ -102,8 +107,9 @@ def test_config_file_toml(tmp_path: Path) -> None:
             ActionsConfig.from_env(env)
         return
     cfg = ActionsConfig.from_env(env)
-    assert cfg.dingtalk_webhook_url == DING and cfg.dingtalk_secret == "SECabc123"
-    assert cfg.webhook_headers == {"X-Token": "abc"}
+    assert cfg.webhooks["dingtalk_webhook_url"] == DING
+    assert cfg.webhooks["dingtalk_secret"] == "SECabc123"
+    assert cfg.webhooks["webhook_headers"] == {"X-Token": "abc"}
 
 
 @pytest.mark.parametrize(
@@ -155,6 +161,32 @@ def test_bad_settings_name_the_variable_never_the_secret(
         assert secret not in msg
 
 
+@pytest.mark.parametrize(
+    ("env", "error"),
+    [
+        ({"OTEL_GPU_WECOM_FORMAT": "markdown"}, None),
+        ({"OTEL_GPU_WEBHOOK_HEADERS": ","}, None),  # no header at all
+        (
+            {"OTEL_GPU_DINGTALK_SECRET": "SECabc123"},
+            "OTEL_GPU_DINGTALK_SECRET is set but OTEL_GPU_DINGTALK_WEBHOOK_URL is not: set both",
+        ),
+        (
+            {"OTEL_GPU_WEBHOOK_HEADERS": "X-Key=abc"},
+            "OTEL_GPU_WEBHOOK_HEADERS is set but OTEL_GPU_WEBHOOK_URL is not: set both",
+        ),
+    ],
+)
+def test_a_credential_needs_its_url_other_options_stand_alone(
+    env: dict[str, str], error: str | None
+) -> None:
+    if error is None:
+        assert ActionsConfig.from_env(env).notifiers() == []
+        return
+    with pytest.raises(UsageError) as e:
+        ActionsConfig.from_env(env)
+    assert str(e.value) == error
+
+
 def test_config_file_errors(tmp_path: Path) -> None:
     missing = tmp_path / "nope.json"
     with pytest.raises(UsageError, match="OTEL_GPU_ACTIONS_CONFIG: cannot read"):
@@ -173,6 +205,43 @@ def test_config_file_errors(tmp_path: Path) -> None:
     with pytest.raises(UsageError) as e:
         ActionsConfig.from_env({"OTEL_GPU_ACTIONS_CONFIG": str(wrong)})
     assert f"slack_webhook_url in {wrong}" in str(e.value) and "sEcReT" not in str(e.value)
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+# Each vendor's variables (in declaration order) and a value for its secret option, if any.
+VENDOR_ROWS: list[tuple[type[WebhookNotifier], list[str], object]] = [
+    (SlackNotifier, ["OTEL_GPU_SLACK_WEBHOOK_URL"], None),
+    (DingTalkNotifier, ["OTEL_GPU_DINGTALK_WEBHOOK_URL", "OTEL_GPU_DINGTALK_SECRET"], "0ptSecret"),
+    (FeishuNotifier, ["OTEL_GPU_FEISHU_WEBHOOK_URL", "OTEL_GPU_FEISHU_SECRET"], "0ptSecret"),
+    (WeComNotifier, ["OTEL_GPU_WECOM_WEBHOOK_URL", "OTEL_GPU_WECOM_FORMAT"], None),
+    (JsonNotifier, ["OTEL_GPU_WEBHOOK_URL", "OTEL_GPU_WEBHOOK_HEADERS"], {"X-Key": "0ptSecret"}),
+]
+
+
+def test_every_registered_vendor_has_a_row_here() -> None:
+    assert list(VENDORS) == [row[0] for row in VENDOR_ROWS]
+
+
+@pytest.mark.parametrize(("vendor", "variables", "secret"), VENDOR_ROWS)
+def test_vendor_settings_derive_from_its_class(
+    vendor: type[WebhookNotifier], variables: list[str], secret: object
+) -> None:
+    names = list(vendor.settings())
+    assert [env_name(n) for n in names] == variables
+    # The README's settings table lists every variable the class declares.
+    table = README.read_text(encoding="utf-8").split("### Breaker and action settings")[1]
+    table = table.split("\n\n")[1]
+    assert all(f"`{v}`" in table for v in variables)
+    # Its secret option, set from the environment, is scrubbed like the URL.
+    env = {variables[0]: "https://hooks.example/services/UrlSecret99"}
+    if secret is not None:
+        env[variables[1]] = secret if isinstance(secret, str) else "X-Key=0ptSecret"
+    (n,) = ActionsConfig.from_env(env).notifiers()
+    assert type(n) is vendor
+    leaked = scrub("POST https://hooks.example/services/UrlSecret99 with 0ptSecret", n.secrets)
+    assert "UrlSecret99" not in leaked and ("0ptSecret" not in leaked) == (secret is not None)
+    assert vendor.from_settings({k: v for k, v in env.items() if k != variables[0]}) is None
 
 
 @pytest.mark.parametrize(

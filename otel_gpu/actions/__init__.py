@@ -11,23 +11,27 @@ Typical wiring (agent or processor)::
 """
 
 from otel_gpu.actions.config import ActionsConfig
-from otel_gpu.actions.dispatcher import ActionDispatcher, DeliveryStats, transition_event
+from otel_gpu.actions.dispatcher import ActionDispatcher, transition_event
 from otel_gpu.actions.notifiers import (
+    VENDORS,
     DingTalkNotifier,
     FeishuNotifier,
     JsonNotifier,
-    Notifier,
     SlackNotifier,
+    WebhookNotifier,
     WeComNotifier,
     dingtalk_sign,
     feishu_sign,
     format_text,
 )
+from otel_gpu.actions.options import Option
+from otel_gpu.actions.outbox import DeliveryStats, Outbox, RetryPolicy
 from otel_gpu.actions.redact import redact_url
 from otel_gpu.actions.span_event import add_alert_event, get_job_span, set_job_span
 from otel_gpu.actions.stop import JobStopper, StopResult, parse_signal
 
 __all__ = [
+    "VENDORS",
     "ActionDispatcher",
     "ActionsConfig",
     "DeliveryStats",
@@ -35,10 +39,13 @@ __all__ = [
     "FeishuNotifier",
     "JobStopper",
     "JsonNotifier",
-    "Notifier",
+    "Option",
+    "Outbox",
+    "RetryPolicy",
     "SlackNotifier",
     "StopResult",
     "WeComNotifier",
+    "WebhookNotifier",
     "add_alert_event",
     "dingtalk_sign",
     "feishu_sign",

@@ -12,21 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
-from otel_gpu.actions.notifiers import (
-    DingTalkNotifier,
-    FeishuNotifier,
-    JsonNotifier,
-    Notifier,
-    SlackNotifier,
-    WeComNotifier,
-)
-from otel_gpu.actions.redact import redact_url
+from otel_gpu.actions.notifiers import VENDORS, WebhookNotifier
+from otel_gpu.actions.options import Parser
 from otel_gpu.actions.stop import parse_signal
 from otel_gpu.detect.model import ANOMALY, HARDWARE, LEAK, STALL, THRESHOLD
 from otel_gpu.errors import UsageError
@@ -37,7 +29,6 @@ NOTIFY_CHOICES = ("open", "reopen", "half_open", "closed")
 KINDS = (LEAK, STALL, THRESHOLD, ANOMALY, HARDWARE)
 _PREFIX = "OTEL_GPU_"
 _TRUE = {"1", "true", "yes", "on"}
-_Parser = Callable[[str, Any], Any]
 _DELIVERY = (
     "queue_size",
     "max_attempts",
@@ -53,15 +44,9 @@ _FALSE = {"0", "false", "no", "off"}
 class ActionsConfig:
     """Where notifications go, how they are sent, and whether alerts stop the job."""
 
-    slack_webhook_url: str | None = field(default=None, repr=False)
-    dingtalk_webhook_url: str | None = field(default=None, repr=False)
-    dingtalk_secret: str | None = field(default=None, repr=False)
-    feishu_webhook_url: str | None = field(default=None, repr=False)
-    feishu_secret: str | None = field(default=None, repr=False)
-    wecom_webhook_url: str | None = field(default=None, repr=False)
-    wecom_format: str = "text"  # "text" | "markdown"
-    webhook_url: str | None = field(default=None, repr=False)
-    webhook_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # Vendor settings that were set (setting name -> value, e.g. "slack_webhook_url"); they are
+    # declared by the notifier classes in VENDORS.
+    webhooks: Mapping[str, Any] = field(default_factory=dict, repr=False)
     notify_on: frozenset[str] = frozenset({"open", "closed"})
     queue_size: int = 256  # waiting notifications per destination; the oldest is dropped
     max_attempts: int = 5  # per notification, first try included
@@ -98,37 +83,14 @@ class ActionsConfig:
                 raise TypeError(f"unknown action setting {name!r}")
             raw[name] = (name, value)
         values = {name: _PARSERS[name](where, value) for name, (where, value) in raw.items()}
-        cfg = cls(**values)
-        cfg._check_pairs(raw)
-        return cfg
+        webhooks = {name: values.pop(name) for name in _VENDOR_PARSERS if name in values}
+        _check_urls(webhooks, raw)
+        return cls(webhooks=webhooks, **values)
 
-    def _check_pairs(self, raw: Mapping[str, tuple[str, Any]]) -> None:
-        for secret, url in (
-            ("dingtalk_secret", "dingtalk_webhook_url"),
-            ("feishu_secret", "feishu_webhook_url"),
-        ):
-            if getattr(self, secret) and not getattr(self, url):
-                where = raw[secret][0]
-                raise UsageError(f"{where} is set but {env_name(url)} is not: set both")
-        if self.webhook_headers and not self.webhook_url:
-            raise UsageError(
-                f"{raw['webhook_headers'][0]} is set but OTEL_GPU_WEBHOOK_URL is not: set both"
-            )
-
-    def notifiers(self) -> list[Notifier]:
-        """One notifier per configured destination."""
-        out: list[Notifier] = []
-        if self.slack_webhook_url:
-            out.append(SlackNotifier(self.slack_webhook_url))
-        if self.dingtalk_webhook_url:
-            out.append(DingTalkNotifier(self.dingtalk_webhook_url, self.dingtalk_secret))
-        if self.feishu_webhook_url:
-            out.append(FeishuNotifier(self.feishu_webhook_url, self.feishu_secret))
-        if self.wecom_webhook_url:
-            out.append(WeComNotifier(self.wecom_webhook_url, self.wecom_format == "markdown"))
-        if self.webhook_url:
-            out.append(JsonNotifier(self.webhook_url, dict(self.webhook_headers)))
-        return out
+    def notifiers(self) -> list[WebhookNotifier]:
+        """One notifier per configured destination, in the order of VENDORS."""
+        built = (vendor.from_settings(self.webhooks) for vendor in VENDORS)
+        return [n for n in built if n is not None]
 
     def describe(self) -> list[str]:
         """Safe one-line descriptions of the destinations (for `doctor` and start-up logs)."""
@@ -140,6 +102,16 @@ def env_name(setting: str) -> str:
     if setting in _DELIVERY:
         return f"{_PREFIX}ACTIONS_{setting.upper()}"
     return _PREFIX + setting.upper()
+
+
+def _check_urls(webhooks: Mapping[str, Any], raw: Mapping[str, tuple[str, Any]]) -> None:
+    """A vendor's credential (a signing secret, headers) without its URL is a mistake: it was
+    meant for a destination that is not configured. Other options may stand alone."""
+    for vendor in VENDORS:
+        (url, _), *options = vendor.settings().items()
+        for name, option in options:
+            if option.secret and webhooks.get(name) and not webhooks.get(url):
+                raise UsageError(f"{raw[name][0]} is set but {env_name(url)} is not: set both")
 
 
 def _read_file(path: str) -> dict[str, Any]:
@@ -175,60 +147,7 @@ def _read_file(path: str) -> dict[str, Any]:
     return doc
 
 
-def _url(where: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise UsageError(f"{where} must be an http(s) URL string")
-    value = value.strip()
-    try:
-        parts = urlsplit(value)
-        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
-    except ValueError:
-        ok = False
-    if not ok or any(c.isspace() for c in value):
-        raise UsageError(
-            f"{where} is not a valid http(s) URL (got {redact_url(value)}); "
-            "paste the webhook address exactly as the service shows it"
-        )
-    return value
-
-
-def _secret(where: str, value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise UsageError(f"{where} must be a non-empty string (the signing secret)")
-    return value.strip()
-
-
-def _headers(where: str, value: Any) -> dict[str, str]:
-    # Same format as OTEL_EXPORTER_OTLP_HEADERS: "k1=v1,k2=v2", values percent-decoded.
-    if isinstance(value, Mapping):
-        items = list(value.items())
-    elif isinstance(value, str):
-        items = []
-        for i, entry in enumerate(value.split(","), 1):
-            if not entry.strip():
-                continue
-            k, sep, v = entry.partition("=")
-            if not sep:
-                raise UsageError(
-                    f"{where}: entry {i} is not key=value; use 'Name=value,Name2=value2'"
-                )
-            items.append((unquote(k.strip()), unquote(v.strip())))
-    else:
-        raise UsageError(f"{where} must be 'Name=value,...' or a table of header names to values")
-    out: dict[str, str] = {}
-    for k, v in items:
-        name = str(k)
-        if not name or not all(c.isalnum() or c in "-_" for c in name) or not isinstance(v, str):
-            raise UsageError(
-                f"{where}: header {name!r} needs a name of letters, digits, '-' and a string value"
-            )
-        if "\n" in v or "\r" in v:
-            raise UsageError(f"{where}: the value of header {name!r} contains a line break")
-        out[name] = v
-    return out
-
-
-def _choices(allowed: tuple[str, ...], allow_none: bool) -> _Parser:
+def _choices(allowed: tuple[str, ...], allow_none: bool) -> Parser:
     def parse(where: str, value: Any) -> frozenset[str]:
         items = value.split(",") if isinstance(value, str) else value
         if not isinstance(items, (list, tuple)):
@@ -256,7 +175,7 @@ def _bool(where: str, value: Any) -> bool:
     raise UsageError(f"{where}={value!r} is invalid: use true or false")
 
 
-def _number(minimum: float, integer: bool = False) -> _Parser:
+def _number(minimum: float, integer: bool = False) -> Parser:
     def parse(where: str, value: Any) -> float | int:
         accepted = f"{'an integer' if integer else 'a number'} >= {minimum:g}"
         try:
@@ -272,13 +191,6 @@ def _number(minimum: float, integer: bool = False) -> _Parser:
     return parse
 
 
-def _wecom_format(where: str, value: Any) -> str:
-    s = str(value).strip().lower()
-    if s not in ("text", "markdown"):
-        raise UsageError(f"{where}={value!r} is invalid: use text or markdown")
-    return s
-
-
 def _signal_name(where: str, value: Any) -> str:
     try:
         return parse_signal(str(value)).name
@@ -286,16 +198,11 @@ def _signal_name(where: str, value: Any) -> str:
         raise UsageError(f"{where}: {e}") from None
 
 
-_PARSERS: dict[str, _Parser] = {
-    "slack_webhook_url": _url,
-    "dingtalk_webhook_url": _url,
-    "dingtalk_secret": _secret,
-    "feishu_webhook_url": _url,
-    "feishu_secret": _secret,
-    "wecom_webhook_url": _url,
-    "wecom_format": _wecom_format,
-    "webhook_url": _url,
-    "webhook_headers": _headers,
+_VENDOR_PARSERS: dict[str, Parser] = {
+    name: option.parse for vendor in VENDORS for name, option in vendor.settings().items()
+}
+_PARSERS: dict[str, Parser] = {
+    **_VENDOR_PARSERS,
     "notify_on": _choices(NOTIFY_CHOICES, allow_none=True),
     "queue_size": _number(1, integer=True),
     "max_attempts": _number(1, integer=True),

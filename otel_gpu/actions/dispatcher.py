@@ -1,28 +1,25 @@
 """Actions fired on breaker transitions: log record, span event, stop, webhooks.
 
 ``ActionDispatcher.on_transition`` never blocks: it logs, adds a span event, optionally stops the
-job (both in-memory / one syscall), and queues webhook deliveries. One background thread sends
-them with retries, exponential backoff and a per-request timeout, honouring a server's
-Retry-After within a cap. Each destination has its own bounded FIFO, so a dead Slack does not
-hold DingTalk back and messages to one destination keep their order. ``close`` is bounded.
+job (both in-memory / one syscall), and queues webhook deliveries in the outbox
+(``otel_gpu.actions.outbox``: bounded per-destination queues, retries, backoff, Retry-After).
+One background thread sends what the outbox says is due, with a per-request timeout, and
+settles each reply back into it. ``close`` is bounded.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import random
 import signal
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 
 from otel_gpu.actions.config import ActionsConfig
 from otel_gpu.actions.http import build_opener, post, retry_after_s
-from otel_gpu.actions.notifiers import Notifier, Reply
-from otel_gpu.actions.redact import scrub
+from otel_gpu.actions.notifiers import Reply, WebhookNotifier
+from otel_gpu.actions.outbox import Delivery, DeliveryStats, Outbox, RetryPolicy
 from otel_gpu.actions.span_event import add_alert_event
 from otel_gpu.actions.stop import JobStopper
 from otel_gpu.detect.breaker import CLOSED, HALF_OPEN, OPEN, Transition
@@ -42,34 +39,12 @@ def transition_event(t: Transition) -> str:
     return "closed" if t.to_state == CLOSED else t.to_state
 
 
-@dataclass
-class DeliveryStats:
-    """Counters since start (a snapshot)."""
-
-    queued: int = 0
-    delivered: int = 0
-    retried: int = 0  # attempts after the first
-    failed: int = 0  # gave up: attempts exhausted or a permanent refusal
-    dropped: int = 0  # queue full (oldest waiting one dropped) or queued after close
-    abandoned: int = 0  # still waiting when close() ran out of time
-    stops: int = 0  # stop actions taken
-
-
-@dataclass
-class _Item:
-    transition: Transition
-    event: str
-    attempt: int = 0  # attempts made so far
-    due: float = 0.0  # monotonic time it may be sent
-    last_error: str = field(default="")
-
-
 class ActionDispatcher:
     """Fires the actions for each breaker transition. Thread-safe; one sender thread."""
 
     def __init__(
         self,
-        notifiers: Sequence[Notifier] = (),
+        notifiers: Sequence[WebhookNotifier] = (),
         *,
         notify_on: Iterable[str] = ("open", "closed"),
         queue_size: int = 256,
@@ -84,34 +59,27 @@ class ActionDispatcher:
         stop_kinds: Iterable[str] = (LEAK, STALL),
         source: str = "",
         wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._notifiers = list(notifiers)
         self._notify_on = frozenset(notify_on)
-        self._queue_size = max(1, int(queue_size))
-        self._max_attempts = max(1, int(max_attempts))
         self._timeout_s = float(timeout_s)
-        self._backoff_s = float(backoff_s)
-        self._backoff_max_s = float(backoff_max_s)
-        self._retry_after_max_s = float(retry_after_max_s)
-        self._jitter = min(max(float(jitter), 0.0), 1.0)
         self._span_events = span_events
         self._stopper = stopper
         self._stop_kinds = frozenset(stop_kinds)
         self._stopped_episodes: set[tuple[str, int]] = set()
         self._source = source
         self._wall = wall_clock
+        self._clock = clock
         self._pid = os.getpid()
         self._cv = threading.Condition()
-        self._queues: list[deque[_Item]] = [deque() for _ in self._notifiers]
-        self._inflight = 0
-        self._closing = False
-        self._deadline = float("inf")
+        self._outbox = Outbox(
+            self._notifiers,
+            queue_size=queue_size,
+            policy=RetryPolicy(max_attempts, backoff_s, backoff_max_s, retry_after_max_s, jitter),
+        )
         self._thread: threading.Thread | None = None
-        self._stats = DeliveryStats()
         self._opener = build_opener()
-        # Log calls made while holding the lock are deferred: a slow handler must never hold
-        # up on_transition.
-        self._logs: list[tuple[int, str, tuple[object, ...]]] = []
 
     @classmethod
     def from_config(
@@ -160,7 +128,7 @@ class ActionDispatcher:
     @property
     def stats(self) -> DeliveryStats:
         with self._cv:
-            return DeliveryStats(**vars(self._stats))
+            return DeliveryStats(**vars(self._outbox.stats))
 
     def on_transition(self, t: Transition) -> None:
         """Fire the actions for ``t``. Never blocks on I/O and never raises."""
@@ -217,30 +185,13 @@ class ActionDispatcher:
             if len(self._stopped_episodes) > 10_000:
                 self._stopped_episodes.clear()
             self._stopped_episodes.add(key)
-            self._stats.stops += 1
+            self._outbox.stats.stops += 1
         self._stopper.stop(f"{t.alert.kind} on {t.subject}: {t.alert.message}")
 
     def _enqueue(self, t: Transition, event: str) -> None:
         with self._cv:
-            if self._closing:
-                self._stats.dropped += len(self._queues)
-                return
-            for i, q in enumerate(self._queues):
-                if len(q) >= self._queue_size:
-                    old = q.popleft()  # oldest waiting; the newest state matters most
-                    self._stats.dropped += 1
-                    if self._stats.dropped == 1 or self._stats.dropped % 100 == 0:
-                        self._defer(
-                            logging.WARNING,
-                            "notification queue for %s full: dropped %s of %s (%d dropped so far)",
-                            self._notifiers[i].name,
-                            old.event,
-                            old.transition.subject,
-                            self._stats.dropped,
-                        )
-                q.append(_Item(t, event))
-                self._stats.queued += 1
-            if self._thread is None:
+            self._outbox.enqueue(t, event)
+            if self._thread is None and not self._outbox.closing:
                 self._thread = threading.Thread(
                     target=self._run, name="otel-gpu-actions", daemon=True
                 )
@@ -248,21 +199,20 @@ class ActionDispatcher:
             self._cv.notify_all()
         self._emit_logs()
 
-    def _defer(self, level: int, msg: str, *args: object) -> None:
-        self._logs.append((level, msg, args))
-
     def _emit_logs(self) -> None:
+        # Log calls wait until the lock is released: a slow handler must never hold up
+        # on_transition.
         with self._cv:
-            pending, self._logs = self._logs, []
+            pending = self._outbox.take_notes()
         for level, msg, args in pending:
             log.log(level, msg, *args)
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until nothing is queued or in flight; True if that happened in time."""
-        end = time.monotonic() + timeout_s
+        end = self._clock() + timeout_s
         with self._cv:
-            while self._inflight or any(self._queues):
-                left = end - time.monotonic()
+            while not self._outbox.idle:
+                left = end - self._clock()
                 if left <= 0:
                     return False
                 self._cv.wait(left)
@@ -277,114 +227,52 @@ class ActionDispatcher:
         retry falls after the deadline are abandoned (counted in ``stats.abandoned``) at once.
         Later ``on_transition`` calls still log, add span events and stop, but send nothing.
         """
-        start = time.monotonic()
         with self._cv:
-            self._closing = True
-            self._deadline = start + max(0.0, timeout_s)
+            self._outbox.close(self._clock() + max(0.0, timeout_s))
             self._cv.notify_all()
             thread = self._thread
         if thread is not None:
-            thread.join(max(0.0, self._deadline - time.monotonic()) + 0.05)
+            thread.join(max(0.0, self._outbox.time_left(self._clock())) + 0.05)
         with self._cv:
-            lost = self._abandon_all() if (thread is not None and thread.is_alive()) else 0
-            clean = lost == 0 and self._stats.abandoned == 0 and not self._inflight
+            alive = thread is not None and thread.is_alive()
+            lost = self._outbox.abandon_all() if alive else 0
+            stats = self._outbox.stats
+            clean = lost == 0 and stats.abandoned == 0 and not self._outbox.in_flight
         self._emit_logs()
         return clean
 
-    def _abandon_all(self) -> int:
-        n = sum(len(q) for q in self._queues)
-        for q in self._queues:
-            q.clear()
-        if n:
-            self._stats.abandoned += n
-            self._defer(logging.WARNING, "closing: %d notification(s) not delivered in time", n)
-        return n
-
     def _run(self) -> None:
+        """The sender thread: take what is due, send it outside the lock, settle it."""
         while True:
             with self._cv:
-                picked = self._next()
-                if picked is not None:
-                    self._inflight += 1
+                item = self._next()
             self._emit_logs()
-            if picked is None:
+            if item is None:
                 return
-            idx, item = picked
             try:
-                reply, retry_after = self._attempt(self._notifiers[idx], item)
+                reply, retry_after = self._attempt(self._notifiers[item.destination], item)
             except Exception as e:  # a bug in one payload must not kill the sender
                 reply, retry_after = Reply(False, False, f"internal error {type(e).__name__}"), None
             with self._cv:
-                self._inflight -= 1
-                self._settle(idx, item, reply, retry_after)
+                self._outbox.settle(item, reply, self._clock(), retry_after)
                 self._cv.notify_all()
             self._emit_logs()
 
-    def _next(self) -> tuple[int, _Item] | None:
+    def _next(self) -> Delivery | None:
         """Under the lock: wait for the next due delivery; None when closing is complete."""
         while True:
-            now = time.monotonic()
-            if self._closing and now >= self._deadline:
-                self._abandon_all()
+            due = self._outbox.next_due(self._clock())
+            if isinstance(due, Delivery):
+                return due
+            if due is None and self._outbox.closing:
                 return None
-            best: tuple[int, _Item] | None = None
-            for i, q in enumerate(self._queues):
-                if q and (best is None or q[0].due < best[1].due):
-                    best = (i, q[0])
-            if best is None:
-                if self._closing:
-                    return None
-                self._cv.wait()
-                continue
-            i, item = best
-            if self._closing and item.due > self._deadline:
-                self._queues[i].popleft()
-                self._stats.abandoned += 1
-                self._defer(
-                    logging.WARNING,
-                    "closing: gave up %s notification for %s to %s (next retry after the deadline)",
-                    item.event,
-                    item.transition.subject,
-                    self._notifiers[i].name,
-                )
-                continue
-            if item.due > now:
-                self._cv.wait(item.due - now)
-                continue
-            self._queues[i].popleft()
-            return best
+            self._cv.wait(due)  # None: until something is queued or close() is called
 
-    def _settle(self, idx: int, item: _Item, reply: Reply, retry_after: float | None) -> None:
-        n = self._notifiers[idx]
-        item.attempt += 1
-        what = f"{item.event} notification for {item.transition.subject} to {n.name} {n.redacted}"
-        if reply.ok:
-            self._stats.delivered += 1
-            self._defer(logging.DEBUG, "delivered %s (attempt %d)", what, item.attempt)
-            return
-        error = scrub(reply.error, n.secrets)
-        if reply.retry and item.attempt < self._max_attempts:
-            if retry_after is not None:
-                delay = min(retry_after, self._retry_after_max_s)
-            else:
-                delay = min(self._backoff_s * 2 ** (item.attempt - 1), self._backoff_max_s)
-                delay *= 1.0 - self._jitter * random.random()
-            item.due = time.monotonic() + delay
-            item.last_error = error
-            self._stats.retried += 1
-            self._queues[idx].appendleft(item)  # keeps this destination's order
-            self._defer(logging.INFO, "retrying %s in %.2f s: %s", what, delay, error)
-            return
-        self._stats.failed += 1
-        self._defer(
-            logging.WARNING, "gave up %s after %d attempt(s): %s", what, item.attempt, error
-        )
-
-    def _attempt(self, n: Notifier, item: _Item) -> tuple[Reply, float | None]:
+    def _attempt(self, n: WebhookNotifier, item: Delivery) -> tuple[Reply, float | None]:
         """One POST. Returns the verdict and a Retry-After delay (seconds) if the server gave one."""
         req = n.build(item.transition, self._wall(), self._source)
         with self._cv:
-            left = self._deadline - time.monotonic()
+            left = self._outbox.time_left(self._clock())
         timeout = max(0.05, min(self._timeout_s, left))
         try:
             status, headers, body = post(self._opener, req, timeout)

@@ -2,7 +2,10 @@
 
 Each notifier turns a breaker Transition into one HTTP POST (built fresh for every attempt, so a
 signature's timestamp is current) and judges the vendor's reply. No I/O here: the dispatcher
-sends. Vendor formats (checked 2026-11):
+sends. A vendor is one ``WebhookNotifier`` subclass (its name, options, payload and reply
+judgement) plus its row in ``VENDORS``: the settings (``<name>_webhook_url`` and one per option),
+their validation and the redaction of its credentials all derive from the class.
+Vendor formats (checked 2026-11):
 
 - Slack incoming webhook: ``{"text": ...}``; errors are non-2xx with a plain-text reason.
   https://api.slack.com/messaging/webhooks
@@ -21,15 +24,18 @@ sends. Vendor formats (checked 2026-11):
 
 from __future__ import annotations
 
+import abc
 import base64
 import hashlib
 import hmac
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, ClassVar
 from urllib.parse import quote_plus
 
+from otel_gpu.actions.options import Option, http_headers, one_of, signing_secret, webhook_url
 from otel_gpu.actions.redact import redact_url, secret_fragments
 from otel_gpu.detect.breaker import CLOSED, HALF_OPEN, OPEN, Transition
 from otel_gpu.redact import redact_text, redact_value
@@ -61,22 +67,6 @@ class Reply:
 OK = Reply(True)
 
 
-class Notifier(Protocol):
-    """One webhook destination."""
-
-    name: str  # "slack", "dingtalk", ... (safe to log)
-    redacted: str  # the URL as scheme://host/… (safe to log)
-    secrets: list[str]  # substrings to scrub from any text that might echo the request
-
-    def build(self, t: Transition, wall_time_s: float, source: str = "") -> HttpRequest:
-        """The request for ``t``; ``wall_time_s`` (Unix seconds) feeds signatures."""
-        ...
-
-    def judge(self, status: int, body: bytes) -> Reply:
-        """Judge a 2xx reply's body (non-2xx statuses are judged by the dispatcher)."""
-        ...
-
-
 def format_text(t: Transition, source: str = "") -> tuple[str, str]:
     """(title, body) in plain text for chat messages, credentials masked (otel_gpu.redact)."""
     a = t.alert
@@ -106,22 +96,55 @@ def format_text(t: Transition, source: str = "") -> tuple[str, str]:
     return redact_text(title), redact_text("\n".join(lines))
 
 
-class _Base:
-    name = "webhook"
+_URL = Option("webhook_url", webhook_url, secret=True, arg="url")
 
-    def __init__(self, url: str, extra_secrets: tuple[str, ...] = ()) -> None:
+
+class WebhookNotifier(abc.ABC):
+    """One webhook destination. The base of every vendor: its settings and the redaction of its
+    credentials derive from the declared ``options``."""
+
+    name: str = "webhook"  # "slack", "dingtalk", ... (safe to log); settings prefix "<name>_"
+    prefix: ClassVar[str | None] = None  # settings prefix when it is not "<name>_"
+    options: ClassVar[tuple[Option, ...]] = ()  # settings beside the URL
+
+    def __init__(self, url: str, **values: object) -> None:
+        """``values``: the options' keyword arguments; the secret ones are never shown."""
         self._url = url
-        self.redacted = redact_url(url)
-        self.secrets = secret_fragments(url, extra_secrets)
+        self.redacted = redact_url(url)  # scheme://host/… (safe to log)
+        secret = {o.keyword for o in self.options if o.secret}
+        shown: list[str] = []
+        for key, value in values.items():
+            if key in secret and value:
+                shown.extend(map(str, value.values() if isinstance(value, Mapping) else [value]))
+        # Substrings to scrub from any text that might echo the request.
+        self.secrets = secret_fragments(url, shown)
 
     def __repr__(self) -> str:  # never the URL
         return f"{type(self).__name__}({self.redacted})"
 
+    @classmethod
+    def settings(cls) -> dict[str, Option]:
+        """Setting name -> option: the webhook URL first, then the declared options."""
+        prefix = f"{cls.name}_" if cls.prefix is None else cls.prefix
+        return {prefix + o.name: o for o in (_URL, *cls.options)}
+
+    @classmethod
+    def from_settings(cls, values: Mapping[str, Any]) -> WebhookNotifier | None:
+        """The notifier for resolved settings (name -> value); None when its URL is not set."""
+        kwargs = {o.keyword: values[k] for k, o in cls.settings().items() if k in values}
+        return cls(**kwargs) if kwargs.get("url") else None
+
+    @abc.abstractmethod
+    def build(self, t: Transition, wall_time_s: float, source: str = "") -> HttpRequest:
+        """The request for ``t``; ``wall_time_s`` (Unix seconds) feeds signatures."""
+
     def judge(self, status: int, body: bytes) -> Reply:
+        """Judge a 2xx reply's body (non-2xx statuses are judged by the dispatcher); by default
+        any 2xx is a delivery."""
         return OK
 
 
-class SlackNotifier(_Base):
+class SlackNotifier(WebhookNotifier):
     """Slack incoming webhook."""
 
     name = "slack"
@@ -131,14 +154,20 @@ class SlackNotifier(_Base):
         return _json_request(self._url, {"text": f"*{title}*\n{text}"})
 
 
-class DingTalkNotifier(_Base):
+class _SignedNotifier(WebhookNotifier):
+    """A robot that signs each message when it is given a secret."""
+
+    options = (Option("secret", signing_secret, secret=True),)
+
+    def __init__(self, url: str, secret: str | None = None) -> None:
+        super().__init__(url, secret=secret)
+        self._secret = secret
+
+
+class DingTalkNotifier(_SignedNotifier):
     """DingTalk custom robot, optionally signed ("加签")."""
 
     name = "dingtalk"
-
-    def __init__(self, url: str, secret: str | None = None) -> None:
-        super().__init__(url, (secret,) if secret else ())
-        self._secret = secret
 
     def build(self, t: Transition, wall_time_s: float, source: str = "") -> HttpRequest:
         title, text = format_text(t, source)
@@ -153,14 +182,10 @@ class DingTalkNotifier(_Base):
         return _judge_code(body, ("errcode",), _DINGTALK_RETRY)
 
 
-class FeishuNotifier(_Base):
+class FeishuNotifier(_SignedNotifier):
     """Feishu / Lark custom bot, optionally signed."""
 
     name = "feishu"
-
-    def __init__(self, url: str, secret: str | None = None) -> None:
-        super().__init__(url, (secret,) if secret else ())
-        self._secret = secret
 
     def build(self, t: Transition, wall_time_s: float, source: str = "") -> HttpRequest:
         title, text = format_text(t, source)
@@ -174,14 +199,15 @@ class FeishuNotifier(_Base):
         return _judge_code(body, ("code", "StatusCode"), _FEISHU_RETRY)
 
 
-class WeComNotifier(_Base):
-    """WeCom (WeChat Work) group robot; ``markdown=True`` sends the markdown message type."""
+class WeComNotifier(WebhookNotifier):
+    """WeCom (WeChat Work) group robot; ``message_format="markdown"`` sends that message type."""
 
     name = "wecom"
+    options = (Option("format", one_of("text", "markdown"), arg="message_format"),)
 
-    def __init__(self, url: str, markdown: bool = False) -> None:
+    def __init__(self, url: str, message_format: str = "text") -> None:
         super().__init__(url)
-        self._markdown = markdown
+        self._markdown = message_format == "markdown"
 
     def build(self, t: Transition, wall_time_s: float, source: str = "") -> HttpRequest:
         title, text = format_text(t, source)
@@ -195,14 +221,16 @@ class WeComNotifier(_Base):
         return _judge_code(body, ("errcode",), _WECOM_RETRY)
 
 
-class JsonNotifier(_Base):
+class JsonNotifier(WebhookNotifier):
     """Generic JSON POST: the transition (with its alert) as JSON, plus optional headers."""
 
     name = "webhook"
+    prefix = ""  # webhook_url, webhook_headers
+    options = (Option("webhook_headers", http_headers, secret=True, arg="headers"),)
 
-    def __init__(self, url: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, url: str, headers: Mapping[str, str] | None = None) -> None:
         hdrs = dict(headers or {})
-        super().__init__(url, tuple(hdrs.values()))
+        super().__init__(url, headers=hdrs)
         self._headers = hdrs
 
     def __repr__(self) -> str:
@@ -215,6 +243,17 @@ class JsonNotifier(_Base):
         req = _json_request(self._url, doc)
         req.headers.update(self._headers)
         return req
+
+
+# The vendors, in the order their notifications are sent. A new vendor: its class above and
+# one row here.
+VENDORS: tuple[type[WebhookNotifier], ...] = (
+    SlackNotifier,
+    DingTalkNotifier,
+    FeishuNotifier,
+    WeComNotifier,
+    JsonNotifier,
+)
 
 
 def dingtalk_sign(timestamp_ms: str, secret: str) -> str:
