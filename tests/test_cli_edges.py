@@ -44,7 +44,10 @@ def test_version_prints_the_package_version() -> None:
     ("args", "needle"),
     [
         # The flag the user typed, not the variable it stands in for.
-        (["run", "--export-interval", "0", "--", "true"], "--export-interval must be a positive"),
+        (
+            ["run", "--export-interval", "0", "--", "true"],
+            "--export-interval='0': use a positive number of seconds",
+        ),
         (["run", "--endpoint", "localhost:99999", "--", "true"], "port 99999 is out of range"),
         (["run", "--endpoint", "localhost:0", "--", "true"], "port 0 is out of range"),
         # Unknown options point at the subcommand's help, which lists its options.

@@ -23,8 +23,9 @@ from otel_gpu.commands.common import (
     setup_logging,
 )
 from otel_gpu.commands.outputs import RunOutputs, add_output_options
-from otel_gpu.config import Settings
+from otel_gpu.config import SIDECAR_OPTIONS, Settings
 from otel_gpu.errors import UsageError
+from otel_gpu.settings import add_options
 
 if TYPE_CHECKING:
     from otel_gpu.inference.readiness import Readiness
@@ -53,12 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="watch only processes whose executable name contains NAME, and their children "
         "(repeatable; waits until one runs); default: every process of the pod",
     )
-    parser.add_argument(
-        "--server-metrics",
-        metavar="URL",
-        help="the inference server's Prometheus endpoint, scraped each interval, e.g. "
-        "http://127.0.0.1:8000/metrics (env OTEL_GPU_SERVER_METRICS)",
-    )
+    add_options(parser, SIDECAR_OPTIONS)
     parser.add_argument(
         "--pod-resources",
         metavar="SOCKET",
@@ -75,19 +71,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def sidecar_settings(args: argparse.Namespace, env: dict[str, str]) -> Settings:
     """The shared agent settings, with the sidecar's defaults: the executable only in
     ``process.command`` unless OTEL_GPU_PROCESS_COMMAND says otherwise."""
-    base = settings_from_args(args)
-    return Settings.load(
-        env,
-        interval_s=base.interval_s,
-        exporter=base.exporter,
-        endpoint=base.endpoint,
-        export_interval_s=base.export_interval_s,
-        simulate=base.simulate,
-        detect=base.detect,
-        health=base.health,
-        server_metrics=args.server_metrics,
-        process_command=None if env.get("OTEL_GPU_PROCESS_COMMAND") else "executable",
-    )
+    return settings_from_args(args, env, process_command="executable")
 
 
 def sidecar(args: argparse.Namespace) -> int:
