@@ -30,6 +30,7 @@ from otel_gpu.settings import add_options
 if TYPE_CHECKING:
     from otel_gpu.inference.readiness import Readiness
     from otel_gpu.inference.serving import ServingConditions
+    from otel_gpu.watchdog import DetectionSettings
 
 log = logging.getLogger("otel_gpu.sidecar")
 
@@ -81,10 +82,10 @@ def sidecar(args: argparse.Namespace) -> int:
     from otel_gpu.detect.breaker import BreakerConfig
     from otel_gpu.inference.readiness import Readiness, ReadinessConfig
     from otel_gpu.inference.serving import ServingConditions, ServingConfig
-    from otel_gpu.watchdog import check_settings
+    from otel_gpu.watchdog import DetectionSettings
 
-    if settings.detect:
-        check_settings()
+    # Resolved now: a bad OTEL_GPU_* setting refuses to start, never runs the job unwatched.
+    detection = DetectionSettings.load(env) if settings.detect else None
     # Readiness opens on the first serving-fatal alert, whatever the notify threshold is.
     readiness = Readiness(
         ReadinessConfig.from_env(env), BreakerConfig.from_env(env, alerts_to_open=1)
@@ -101,7 +102,9 @@ def sidecar(args: argparse.Namespace) -> int:
         roots = _roots(args.match, settings.proc_root, stop)
         if roots is None:
             return 0  # asked to stop before anything matched
-        return _watch(settings, env, roots, args, readiness, serving, endpoints, outputs, stop)
+        return _watch(
+            settings, env, roots, args, readiness, serving, endpoints, outputs, stop, detection
+        )
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -118,6 +121,7 @@ def _watch(
     endpoints: AgentEndpoints,
     outputs: RunOutputs,
     stop: threading.Event,
+    detection: DetectionSettings | None,
 ) -> int:
     from otel_gpu.agent import Agent
     from otel_gpu.export import close_all, meter_provider, shutdown_provider
@@ -142,6 +146,7 @@ def _watch(
         visible_devices=visible,
         export_health=endpoints.export_health,
         phase=serving.phase,
+        detection=detection,
     )
     scraper = None
     if settings.server_metrics:
