@@ -30,13 +30,13 @@ from otel_gpu.actions.redact import redact_url
 from otel_gpu.actions.stop import parse_signal
 from otel_gpu.detect.model import ANOMALY, HARDWARE, LEAK, STALL, THRESHOLD
 from otel_gpu.errors import UsageError
+from otel_gpu.settings import Setting, boolean, number, resolve
 
 # Which breaker transitions notify. "open" = a new episode (CLOSED -> OPEN); "reopen" = an alert
 # during probation (HALF_OPEN -> OPEN, same episode); "half_open" = probing; "closed" = resolved.
 NOTIFY_CHOICES = ("open", "reopen", "half_open", "closed")
 KINDS = (LEAK, STALL, THRESHOLD, ANOMALY, HARDWARE)
 _PREFIX = "OTEL_GPU_"
-_TRUE = {"1", "true", "yes", "on"}
 _Parser = Callable[[str, Any], Any]
 _DELIVERY = (
     "queue_size",
@@ -46,7 +46,6 @@ _DELIVERY = (
     "backoff_max_s",
     "retry_after_max_s",
 )
-_FALSE = {"0", "false", "no", "off"}
 
 
 @dataclass(frozen=True)
@@ -78,41 +77,32 @@ class ActionsConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> ActionsConfig:
         """Read ``overrides`` > environment > ``OTEL_GPU_ACTIONS_CONFIG`` file > defaults."""
         env = os.environ if environ is None else environ
-        raw: dict[str, tuple[str, Any]] = {}  # field -> (where it came from, value)
         path = env.get(_PREFIX + "ACTIONS_CONFIG", "").strip()
-        if path:
-            for key, value in _read_file(path).items():
-                if key not in _FIELDS:
-                    raise UsageError(
-                        f"OTEL_GPU_ACTIONS_CONFIG file {path}: unknown setting {key!r}; "
-                        f"accepted: {', '.join(sorted(_FIELDS))}"
-                    )
-                raw[key] = (f"{key} in {path}", value)
-        for name in _FIELDS:
-            var = env_name(name)
-            value = env.get(var)
-            if value is not None and value.strip() != "":
-                raw[name] = (var, value)
-        for name, value in overrides.items():
+        file = _read_file(path) if path else None
+        for key in file or {}:
+            if key not in _FIELDS:
+                raise UsageError(
+                    f"OTEL_GPU_ACTIONS_CONFIG file {path}: unknown setting {key!r}; "
+                    f"accepted: {', '.join(sorted(_FIELDS))}"
+                )
+        for name in overrides:
             if name not in _FIELDS:
                 raise TypeError(f"unknown action setting {name!r}")
-            raw[name] = (name, value)
-        values = {name: _PARSERS[name](where, value) for name, (where, value) in raw.items()}
+        values, origin = resolve(_DECLARED, env=env, args=overrides, file=file, file_name=path)
         cfg = cls(**values)
-        cfg._check_pairs(raw)
+        cfg._check_pairs(origin)
         return cfg
 
-    def _check_pairs(self, raw: Mapping[str, tuple[str, Any]]) -> None:
+    def _check_pairs(self, origin: Mapping[str, str]) -> None:
         for secret, url in (
             ("dingtalk_secret", "dingtalk_webhook_url"),
             ("feishu_secret", "feishu_webhook_url"),
         ):
             if getattr(self, secret) and not getattr(self, url):
-                where = raw[secret][0]
-                raise UsageError(f"{where} is set but {env_name(url)} is not: set both")
+                raise UsageError(f"{origin[secret]} is set but {env_name(url)} is not: set both")
         if self.webhook_headers and not self.webhook_url:
             raise UsageError(
-                f"{raw['webhook_headers'][0]} is set but OTEL_GPU_WEBHOOK_URL is not: set both"
+                f"{origin['webhook_headers']} is set but OTEL_GPU_WEBHOOK_URL is not: set both"
             )
 
     def notifiers(self) -> list[Notifier]:
@@ -246,30 +236,13 @@ def _choices(allowed: tuple[str, ...], allow_none: bool) -> _Parser:
 
 
 def _bool(where: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    s = str(value).strip().lower()
-    if s in _TRUE:
-        return True
-    if s in _FALSE:
-        return False
-    raise UsageError(f"{where}={value!r} is invalid: use true or false")
+    return boolean(value, where)
 
 
 def _number(minimum: float, integer: bool = False) -> _Parser:
-    def parse(where: str, value: Any) -> float | int:
-        accepted = f"{'an integer' if integer else 'a number'} >= {minimum:g}"
-        try:
-            if isinstance(value, bool):
-                raise ValueError
-            x = int(value) if integer else float(value)
-        except (TypeError, ValueError):
-            raise UsageError(f"{where}={value!r} is invalid: use {accepted}") from None
-        if not (x >= minimum) or x == float("inf"):
-            raise UsageError(f"{where}={value!r} is invalid: use {accepted}")
-        return x
-
-    return parse
+    accepted = f"use {'an integer' if integer else 'a number'} >= {minimum:g}"
+    parse = number(minimum, integer=integer, accepted=accepted)
+    return lambda where, value: parse(value, where)
 
 
 def _wecom_format(where: str, value: Any) -> str:
@@ -309,3 +282,13 @@ _PARSERS: dict[str, _Parser] = {
     "stop_signal": _signal_name,
 }
 _FIELDS = tuple(_PARSERS)
+_DOC = 'see README "Breaker and action settings"'
+
+
+# The declarations the resolver reads (the parsers here take the source first); each is
+# documented in README "Breaker and action settings".
+def _declare(name: str, parse: _Parser) -> Setting:
+    return Setting(name, env_name(name), lambda value, where: parse(where, value), _DOC)
+
+
+_DECLARED = tuple(_declare(name, parse) for name, parse in _PARSERS.items())
