@@ -52,21 +52,26 @@ def number(
     accepted: str,
     integer: bool = False,
     low_open: bool = False,
+    high_open: bool = False,
     scale: float = 1.0,
 ) -> Parser:
-    """A finite number in ``[low, high]`` (``(low, high]`` with ``low_open``), an integer with
-    ``integer``; the parsed value is multiplied by ``scale`` (milliseconds to seconds)."""
+    """A finite number in ``[low, high]`` (open at either end with ``low_open`` /
+    ``high_open``), a whole number with ``integer``; the parsed value is multiplied by
+    ``scale`` (milliseconds to seconds)."""
 
     def parse(raw: Any, source: str) -> float | int:
         try:
             # A bool is no number, and a fraction from a config file is no whole number.
-            if isinstance(raw, bool) or (integer and isinstance(raw, float)):
+            if isinstance(raw, bool) or (
+                integer and isinstance(raw, float) and not raw.is_integer()
+            ):
                 raise ValueError(raw)
             value: float | int = int(raw) if integer else float(raw)
         except (TypeError, ValueError):
             refuse(source, raw, accepted)
         above = value > low if low_open else value >= low
-        if not (math.isfinite(value) and above and value <= high):
+        below = value < high if high_open else value <= high
+        if not (math.isfinite(value) and above and below):
             refuse(source, raw, accepted)
         return value * scale if scale != 1.0 else value
 
