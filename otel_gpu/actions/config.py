@@ -88,7 +88,7 @@ class ActionsConfig:
         for name in overrides:
             if name not in _FIELDS:
                 raise TypeError(f"unknown action setting {name!r}")
-        values, origin = resolve(_DECLARED, env=env, args=overrides, file=file, file_name=path)
+        values, origin = resolve(DECLARED, env=env, args=overrides, file=file, file_name=path)
         cfg = cls(**values)
         cfg._check_pairs(origin)
         return cfg
@@ -291,4 +291,4 @@ def _declare(name: str, parse: _Parser) -> Setting:
     return Setting(name, env_name(name), lambda value, where: parse(where, value), _DOC)
 
 
-_DECLARED = tuple(_declare(name, parse) for name, parse in _PARSERS.items())
+DECLARED = tuple(_declare(name, parse) for name, parse in _PARSERS.items())

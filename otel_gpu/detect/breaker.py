@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from otel_gpu.detect.model import Alert
-from otel_gpu.errors import UsageError
 from otel_gpu.settings import Setting, number, resolve
 
 CLOSED = "closed"
@@ -51,16 +50,8 @@ class BreakerConfig:
     probation_s: float = 300.0  # alert-free time HALF_OPEN needs to close
 
     def __post_init__(self) -> None:
-        if isinstance(self.alerts_to_open, bool) or not isinstance(self.alerts_to_open, int):
-            raise UsageError("breaker alerts_to_open must be an integer >= 1")
-        if self.alerts_to_open < 1:
-            raise UsageError("breaker alerts_to_open must be an integer >= 1")
-        for name in ("window_s", "cooldown_s", "probation_s"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise UsageError(f"breaker {name} must be a finite number of seconds >= 0")
-        if self.window_s <= 0:
-            raise UsageError("breaker window_s must be > 0 seconds")
+        for s in DECLARED:  # the same bounds as the variables'
+            s.parse(getattr(self, s.name), f"breaker {s.name}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> BreakerConfig:
