@@ -185,3 +185,34 @@ def test_every_variable_in_the_readme_tables_is_declared() -> None:
     }
     assert named, "no variables found in the README tables"
     assert named - declared == set()
+
+
+def _with_objects() -> list[tuple[Setting, object]]:
+    from otel_gpu.detect.breaker import DECLARED as BREAKER
+    from otel_gpu.detect.breaker import BreakerConfig
+    from otel_gpu.inference.readiness import DECLARED as READINESS
+    from otel_gpu.inference.readiness import ReadinessConfig
+    from otel_gpu.inference.serving import DECLARED as SERVING
+    from otel_gpu.inference.serving import ServingConfig
+
+    return [
+        *((s, config.Settings()) for s in config.DECLARED),
+        *((s, tracing_settings.TracingSettings()) for s in tracing_settings.DECLARED),
+        *((s, BreakerConfig()) for s in BREAKER),
+        *((s, ReadinessConfig()) for s in READINESS),
+        *((s, ServingConfig()) for s in SERVING),
+    ]
+
+
+# Defaults shown in words, not as a value the setting accepts.
+SHOWN_IN_WORDS = {"—", "off", "SDK default", "10 s", "`<temp dir>/otel-gpu-<uid>` (created 0700)"}
+
+
+@pytest.mark.parametrize(
+    ("setting", "defaults"),
+    [(s, o) for s, o in _with_objects() if s.default not in SHOWN_IN_WORDS],
+    ids=lambda v: getattr(v, "name", ""),
+)
+def test_the_shown_default_is_the_objects_default(setting: Setting, defaults: object) -> None:
+    shown = setting.parse(setting.default.strip("`"), "README")
+    assert shown == getattr(defaults, setting.name)
