@@ -24,7 +24,7 @@ from otel_gpu.sampling.source import DeviceSource
 from otel_gpu.selfmetrics import ExportHealth
 
 if TYPE_CHECKING:  # the watchdog (psutil, the engine) is imported only when detection is on
-    from otel_gpu.watchdog import InProcessTrainer
+    from otel_gpu.watchdog import DetectionSettings, InProcessTrainer
 
 log = logging.getLogger("otel_gpu.agent")
 
@@ -67,8 +67,11 @@ class Agent:
         trainer: InProcessTrainer | None = None,
         export_health: ExportHealth | None = None,
         phase: Callable[[], str | None] | None = None,
+        detection: DetectionSettings | None = None,
     ) -> None:
-        """``trainer``: the trainer this agent runs inside (:func:`start_in_process`), whose
+        """``detection``: the engine's, breaker's and actions' settings, resolved where the
+        agent is built (default: their defaults); used when ``settings.detect``.
+        ``trainer``: the trainer this agent runs inside (:func:`start_in_process`), whose
         phase and step feed detection and whose graceful stop is asked first.
         ``export_health``: where the meter provider's exporter counts its outcomes
         (:func:`otel_gpu.export.meter_provider`), for the self-metrics and ``/healthz``.
@@ -114,10 +117,13 @@ class Agent:
             self.instruments += selfmetrics.register(meter, self.sampler, self.export_health)
         self.watchdog: Any = None
         if settings.detect:
-            from otel_gpu.watchdog import Watchdog
+            from otel_gpu.watchdog import DetectionSettings, Watchdog
 
-            self.watchdog = Watchdog.from_env(
-                proc_root=settings.proc_root, trainer=trainer, phase=phase
+            self.watchdog = Watchdog.build(
+                detection or DetectionSettings(),
+                proc_root=settings.proc_root,
+                trainer=trainer,
+                phase=phase,
             )
             self.sampler.add_listener(self.watchdog.on_snapshot)
             if meter_provider is not None:
@@ -178,6 +184,7 @@ def start_in_process(
     settings: Settings | None = None,
     roots: Iterable[int] | None = None,
     trainer: InProcessTrainer | None = None,
+    detection: DetectionSettings | None = None,
 ) -> BackgroundAgent | None:
     """Start the node agent here if this process wins the node lock; never raises.
 
@@ -186,10 +193,15 @@ def start_in_process(
     ranks) and the GPUs named by ``CUDA_VISIBLE_DEVICES``. The engine runs in-process: the
     caller passes the ``trainer`` it belongs to, so detection knows the phase and step and a
     stop action asks the trainer's graceful checkpoint-and-stop first. The agent is built on a
-    background thread; the caller keeps the handle to shut it down.
+    background thread; the caller keeps the handle to shut it down. ``settings`` and
+    ``detection`` default to this process's environment, read here, before the lock.
     """
     try:
         settings = settings or Settings.load()
+        if detection is None and settings.detect:
+            from otel_gpu.watchdog import DetectionSettings
+
+            detection = DetectionSettings.load()
         if not acquire_node_lock(settings.lock_dir):
             return None
     except Exception as exc:
@@ -205,5 +217,6 @@ def start_in_process(
             roots=watched,
             visible_devices=visible,
             trainer=trainer,
+            detection=detection,
         )
     )

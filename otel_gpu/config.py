@@ -1,64 +1,202 @@
 """Agent settings: explicit argument > ``OTEL_GPU_*`` / ``OTEL_*`` environment > default.
 
-Validated once at start; a bad value raises :class:`UsageError` naming the setting and what it
-accepts.
+Declared once in :data:`DECLARED` (resolved by :mod:`otel_gpu.settings`); validated once at
+start, where a command builds the agent. A bad value raises :class:`UsageError` naming the flag
+or variable the user set and what it accepts.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from otel_gpu.errors import UsageError
 from otel_gpu.redact import COMMAND_MODES, COMMAND_REDACTED
+from otel_gpu.settings import Parser, Setting, boolean, choice, number, refuse, resolve, text
 
 SIM_SCENARIOS = ("steady", "leak", "stall")
 # Metric exporters; any of the first three combine (``otlp,prometheus``), ``none`` stands alone.
 EXPORTERS = ("otlp", "console", "prometheus", "none")
-
-# Environment variable for each setting (documented in README "Settings").
-ENV = {
-    "interval_s": "OTEL_GPU_INTERVAL",
-    "simulate": "OTEL_GPU_SIMULATE",
-    "simulate_speed": "OTEL_GPU_SIMULATE_SPEED",
-    "exporter": "OTEL_METRICS_EXPORTER",
-    "endpoint": "OTEL_EXPORTER_OTLP_ENDPOINT",
-    "export_interval_s": "OTEL_METRIC_EXPORT_INTERVAL",  # milliseconds, as the OTel spec says
-    "export_timeout_s": "OTEL_EXPORTER_OTLP_TIMEOUT",  # seconds, as the Python SDK reads it
-    "nvml_timeout_s": "OTEL_GPU_NVML_TIMEOUT",
-    "nvml_library": "OTEL_GPU_NVML_LIBRARY",
-    "max_processes": "OTEL_GPU_MAX_PROCESSES",
-    "proc_root": "OTEL_GPU_PROC_ROOT",
-    "detect": "OTEL_GPU_DETECT",
-    "shutdown_timeout_s": "OTEL_GPU_SHUTDOWN_TIMEOUT",
-    "lock_dir": "OTEL_GPU_LOCK_DIR",
-    "sampler": "OTEL_GPU_SAMPLER",
-    "health": "OTEL_GPU_HEALTH",
-    "health_export_grace_s": "OTEL_GPU_HEALTH_EXPORT_GRACE",
-    "process_command": "OTEL_GPU_PROCESS_COMMAND",
-    "server_metrics": "OTEL_GPU_SERVER_METRICS",
-}
 SAMPLER_MODES = ("process", "thread")
-# The flag of each setting that commands take on the command line (error messages name it).
-FLAGS = {
-    "interval_s": "--interval",
-    "simulate": "--simulate",
-    "exporter": "--exporter",
-    "endpoint": "--endpoint",
-    "export_interval_s": "--export-interval",
-    "detect": "--no-detect",
-    "health": "--health",
-    "server_metrics": "--server-metrics",
-}
+_MAX_SECONDS = 3600.0  # bound on every period and timeout (also rejects inf and NaN)
+
+
+def _seconds(what: str = "a positive number of seconds, at most 3600") -> Parser:
+    return number(0.0, _MAX_SECONDS, low_open=True, accepted=f"use {what}")
+
+
+def _simulate(raw: object, source: str) -> str:
+    name = str(raw).strip().lower()
+    if name not in SIM_SCENARIOS:
+        refuse(
+            source,
+            raw,
+            f"unknown simulation scenario {name!r}: use one of {', '.join(SIM_SCENARIOS)}",
+        )
+    return name
+
+
+def _exporter(raw: object, source: str) -> str:
+    return ",".join(_exporter_names(str(raw), source))
+
+
+def _endpoint(raw: object, source: str) -> str:
+    return check_endpoint(str(raw), source)
+
+
+def _shown(source: str) -> str:
+    """How a hand-written message names the source: ``--flag VALUE`` or ``VAR=VALUE``."""
+    return source if source.startswith("-") else f"{source}="
+
+
+def _health(raw: object, source: str) -> str:
+    address = str(raw).strip()
+    check_hostport(address, _shown(source))
+    return address
+
+
+def _server_metrics(raw: object, source: str) -> str:
+    return check_url(str(raw), _shown(source))
+
+
+def _proc_root(raw: object, source: str) -> str:
+    root = str(raw).strip()
+    if not os.path.isfile(os.path.join(root, "stat")):
+        raise UsageError(
+            f"{source}={root}: no process table there (no {os.path.join(root, 'stat')}); "
+            "unset it, or mount the host's /proc and point it there"
+        )
+    return root
+
+
+def _nvml_library(raw: object, source: str) -> str:
+    lib = str(raw).strip()
+    if not os.path.isabs(lib):
+        raise UsageError(
+            f"{source}={lib} is a relative path: give the absolute path of libnvidia-ml.so.1 "
+            "(e.g. /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1)"
+        )
+    if not os.path.isfile(lib):
+        raise UsageError(
+            f"{source}={lib}: no such file; give the path of an existing libnvidia-ml.so.1, or "
+            "unset it to use the driver's"
+        )
+    return lib
+
+
+# Every agent setting, declared once (README "CLI reference" and "Settings" list them; a test
+# checks the tables against these). Fields of Settings, in its order.
+DECLARED = (
+    Setting(
+        "interval_s", "OTEL_GPU_INTERVAL",
+        number(0.1, _MAX_SECONDS, accepted="use 0.1 s or more (at most 3600 s)"),
+        "sampling period in seconds (0.1 or more)", "5", "--interval", "SECONDS",
+    ),
+    Setting(
+        "simulate", "OTEL_GPU_SIMULATE", _simulate,
+        "`steady`, `leak` or `stall`: a simulated GPU instead of NVML", "—", "--simulate",
+        "SCENARIO",
+    ),
+    Setting(
+        "simulate_speed", "OTEL_GPU_SIMULATE_SPEED",
+        number(1.0, 10_000.0, accepted="use a speed from 1 to 10000"),
+        "simulated seconds per wall second (1–10000): `240` shows a simulated leak's alert "
+        "within about a minute", "1",
+    ),
+    Setting(
+        "exporter", "OTEL_METRICS_EXPORTER", _exporter,
+        "`otlp`, `console`, `prometheus` (a `/metrics` scrape endpoint, see \"Deploy\"), several "
+        "comma-separated (`otlp,prometheus`), or `none`", "otlp", "--exporter", "NAMES",
+    ),
+    Setting(
+        "endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", _endpoint, "OTLP gRPC endpoint",
+        "SDK default", "--endpoint", "URL",
+    ),
+    Setting(
+        "export_interval_s", "OTEL_METRIC_EXPORT_INTERVAL", _seconds(),
+        "metric export period", "10 s", "--export-interval", "SECONDS",
+        # The OTel specification sets this variable in milliseconds; the flag is seconds.
+        env_parse=number(
+            0.0, _MAX_SECONDS * 1000, low_open=True, scale=0.001,
+            accepted="use a positive number of milliseconds, at most 3600000",
+        ),
+    ),
+    Setting(
+        "export_timeout_s", "OTEL_EXPORTER_OTLP_TIMEOUT", _seconds(),
+        "seconds per export, retries included", "3",
+    ),
+    Setting(
+        "nvml_timeout_s", "OTEL_GPU_NVML_TIMEOUT", _seconds(),
+        "deadline of one NVML call, seconds", "2",
+    ),
+    Setting(
+        "nvml_library", "OTEL_GPU_NVML_LIBRARY", _nvml_library,
+        "absolute path of `libnvidia-ml.so.1` to load (a relative or missing path is refused)",
+    ),
+    Setting(
+        "max_processes", "OTEL_GPU_MAX_PROCESSES",
+        number(1, accepted="use a whole number, 1 or more", integer=True),
+        "processes tracked per sweep; the rest are counted in "
+        "`otel_gpu.agent.processes.dropped`", "256",
+    ),
+    Setting(
+        "proc_root", "OTEL_GPU_PROC_ROOT", _proc_root,
+        "a host `/proc` mounted elsewhere (containers); refused when it holds no `stat` file",
+        "/proc",
+    ),
+    Setting(
+        "detect", "OTEL_GPU_DETECT", boolean,
+        "leak / stall detection in the agent", "true", "--no-detect", flag_const=False,
+    ),
+    Setting(
+        "shutdown_timeout_s", "OTEL_GPU_SHUTDOWN_TIMEOUT", _seconds(),
+        "bound on flush and shutdown, seconds", "5",
+    ),
+    Setting(
+        "lock_dir", "OTEL_GPU_LOCK_DIR", text,
+        "where the one-sampler-per-node lock lives: a directory only you can write (others' "
+        "write access is refused; the lock file is never followed through a symlink)",
+        "`<temp dir>/otel-gpu-<uid>` (created 0700)",
+    ),
+    Setting(
+        "sampler", "OTEL_GPU_SAMPLER", choice(SAMPLER_MODES),
+        "`process`: NVML and `/proc` in a supervised helper process; `thread`: in the agent's "
+        "process (no crash isolation)", "process",
+    ),
+    Setting(
+        "health", "OTEL_GPU_HEALTH", _health,
+        "serve `/healthz` (see \"Health endpoint\")", "off", "--health", "HOST:PORT",
+    ),
+    Setting(
+        "health_export_grace_s", "OTEL_GPU_HEALTH_EXPORT_GRACE", _seconds(),
+        "seconds of failing exports before `/healthz` answers 503", "60",
+    ),
+    Setting(
+        "process_command", "OTEL_GPU_PROCESS_COMMAND", choice(COMMAND_MODES),
+        "what `process.command` holds: `redacted` (the command line, credentials masked), "
+        "`executable` (the program, and a Python script or `-m` module) or `off` (no command); "
+        "see \"What is redacted\"", "redacted",
+    ),
+    Setting(
+        "server_metrics", "OTEL_GPU_SERVER_METRICS", _server_metrics,
+        "the server's Prometheus endpoint, scraped each interval (2 s timeout, 8 MiB cap)",
+        "off", "--server-metrics", "URL",
+    ),
+)  # fmt: skip
+# The environment variable of each setting (the doctor and error messages name them).
+ENV = {s.name: s.env for s in DECLARED}
+# The options every watching command (run, watch, sidecar) takes; the sidecar adds its own.
+AGENT_OPTIONS = tuple(s for s in DECLARED if s.flag and s.name != "server_metrics")
+SIDECAR_OPTIONS = tuple(s for s in DECLARED if s.name == "server_metrics")
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything the agent needs to know; see README "Settings" for each variable."""
+    """Everything the agent needs to know; :data:`DECLARED` documents each field."""
 
-    interval_s: float = 5.0  # sampler period; 0.1 s at the least
+    interval_s: float = 5.0  # sampler period
     simulate: str | None = None  # a simulated-GPU scenario instead of NVML
     # Simulated seconds per wall second: a demo stack shows hours of a leak within minutes.
     simulate_speed: float = 1.0
@@ -86,22 +224,14 @@ class Settings:
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **explicit: object) -> Settings:
-        """Build settings from explicit values (``None`` = not given), then env, then defaults."""
+        """Explicit values (``None`` = not given; errors name the setting's flag), then the
+        environment, then the defaults; UsageError on the first bad value."""
         env = os.environ if env is None else env
-        values: dict[str, object] = {}
-        origin: dict[str, str] = {}  # where each given value came from, for error messages
-        for f in fields(cls):
-            given = explicit.get(f.name)
-            if given is not None:
-                origin[f.name] = FLAGS.get(f.name, "argument")
-                values[f.name] = _parse(f.name, given, origin[f.name])
-                continue
-            raw = env.get(ENV[f.name], "").strip()
-            if raw:
-                origin[f.name] = ENV[f.name]
-                values[f.name] = _parse(f.name, raw, ENV[f.name])
-        settings = replace(cls(), **values)  # type: ignore[arg-type]
-        settings.validate(origin)
+        unknown = set(explicit) - set(ENV)
+        if unknown:
+            raise TypeError(f"unknown agent settings: {', '.join(sorted(unknown))}")
+        values, _origin = resolve(DECLARED, env=env, args=explicit)
+        settings = cls(**values)
         if "otlp" in settings.exporters:
             check_otlp_environment(env)
         return settings
@@ -110,119 +240,6 @@ class Settings:
     def exporters(self) -> tuple[str, ...]:
         """The metric exporters asked for, e.g. ``("otlp", "prometheus")``; ``()`` for none."""
         return tuple(n for n in _exporter_names(self.exporter, "exporter") if n != "none")
-
-    def validate(self, origin: Mapping[str, str] | None = None) -> None:
-        """Raise UsageError for the first bad value; ``origin`` maps a field to the flag or
-        variable it came from (default: its variable), so the message names what the user set."""
-        origin = origin or {}
-
-        def where(name: str) -> str:
-            return origin.get(name, ENV[name])
-
-        if not self.interval_s >= 0.1:
-            raise UsageError(f"interval {self.interval_s} s is too short: use 0.1 s or more")
-        if not self.interval_s <= _MAX_SECONDS:
-            raise UsageError(f"interval {self.interval_s} s is too long: use at most 3600 s")
-        if self.simulate is not None and self.simulate not in SIM_SCENARIOS:
-            raise UsageError(
-                f"unknown simulation scenario {self.simulate!r}: use one of {', '.join(SIM_SCENARIOS)}"
-            )
-        _exporter_names(self.exporter, "exporter")
-        if not 1.0 <= self.simulate_speed <= 10_000.0:
-            raise UsageError(
-                f"{ENV['simulate_speed']}={self.simulate_speed}: use a speed from 1 to 10000"
-            )
-        if self.endpoint is not None:
-            check_endpoint(self.endpoint, where("endpoint"))
-        if self.sampler not in SAMPLER_MODES:
-            raise UsageError(
-                f"{ENV['sampler']}={self.sampler!r}: use one of {', '.join(SAMPLER_MODES)}"
-            )
-        if self.process_command not in COMMAND_MODES:
-            raise UsageError(
-                f"{ENV['process_command']}={self.process_command!r}: use one of "
-                f"{', '.join(COMMAND_MODES)}"
-            )
-        if self.max_processes < 1:
-            raise UsageError("max processes must be at least 1 (OTEL_GPU_MAX_PROCESSES)")
-        for name in (
-            "export_interval_s",
-            "export_timeout_s",
-            "nvml_timeout_s",
-            "shutdown_timeout_s",
-            "health_export_grace_s",
-        ):
-            if not 0 < getattr(self, name) <= _MAX_SECONDS:
-                if where(name) == _MS_VARIABLE:
-                    raise UsageError(
-                        f"{_MS_VARIABLE} must be a positive number of ms, at most 3600000"
-                    )
-                raise UsageError(f"{where(name)} must be a positive number of at most 3600 s")
-        if not os.path.isfile(os.path.join(self.proc_root, "stat")):
-            raise UsageError(
-                f"{where('proc_root')}={self.proc_root}: no process table there (no "
-                f"{os.path.join(self.proc_root, 'stat')}); unset it, or mount the host's /proc "
-                "and point it there"
-            )
-        if self.nvml_library is not None:
-            lib = self.nvml_library
-            if not os.path.isabs(lib):
-                raise UsageError(
-                    f"{where('nvml_library')}={lib} is a relative path: give the absolute path "
-                    "of libnvidia-ml.so.1 (e.g. /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1)"
-                )
-            if not os.path.isfile(lib):
-                raise UsageError(
-                    f"{where('nvml_library')}={lib}: no such file; give the path of an existing "
-                    "libnvidia-ml.so.1, or unset it to use the driver's"
-                )
-
-
-_MAX_SECONDS = 3600.0  # bound on every period and timeout (also rejects inf and NaN)
-_MS_VARIABLE = "OTEL_METRIC_EXPORT_INTERVAL"  # the one period set in milliseconds
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-def _parse(name: str, raw: object, source: str) -> object:
-    """Convert one raw value to the field's type; errors name where the value came from."""
-    if not isinstance(raw, str):
-        return raw
-    text = raw.strip()
-    try:
-        if name in (
-            "interval_s",
-            "simulate_speed",
-            "export_timeout_s",
-            "nvml_timeout_s",
-            "shutdown_timeout_s",
-            "health_export_grace_s",
-        ):
-            return float(text)
-        if name == "export_interval_s":
-            # OTEL_METRIC_EXPORT_INTERVAL is milliseconds; explicit arguments are seconds.
-            return float(text) / 1000.0 if source == ENV[name] else float(text)
-        if name == "max_processes":
-            return int(text)
-    except ValueError:
-        raise UsageError(f"{source}={text!r} is not a number") from None
-    if name == "detect":
-        low = text.lower()
-        if low in _TRUE:
-            return True
-        if low in _FALSE:
-            return False
-        raise UsageError(f"{source}={text!r}: use true or false")
-    if name == "health":
-        check_hostport(text, source if source.startswith("-") else f"{source}=")
-        return text
-    if name == "server_metrics":
-        return check_url(text, source if source.startswith("-") else f"{source}=")
-    if name == "exporter":
-        return ",".join(_exporter_names(text, source))
-    if name in ("simulate", "sampler", "process_command"):
-        return text.lower()
-    return text
 
 
 def _exporter_names(text: str, source: str) -> tuple[str, ...]:

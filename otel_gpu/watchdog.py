@@ -14,13 +14,15 @@ this agent already watches (from ``otel_gpu.breaker.state``) and leaves them to 
 from __future__ import annotations
 
 import logging
+import os
 import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from otel_gpu.actions.config import ActionsConfig
 from otel_gpu.actions.stop import start_ticks as read_start_ticks
 from otel_gpu.detect.breaker import CLOSED, HALF_OPEN, OPEN, Breaker, BreakerConfig, Transition
 from otel_gpu.detect.engine import DetectConfig, Engine
@@ -100,6 +102,25 @@ def snapshot_points(
 
 
 @dataclass(frozen=True)
+class DetectionSettings:
+    """The engine's, the breaker's and the actions' settings: resolved once, where a command
+    (or the tracing pipeline) builds the agent, and handed to it ready."""
+
+    detect: DetectConfig = field(default_factory=DetectConfig)
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    actions: ActionsConfig = field(default_factory=ActionsConfig)
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None) -> DetectionSettings:
+        """``OTEL_GPU_DETECT_*``, ``OTEL_GPU_BREAKER_*`` and the action settings (default: this
+        process's environment); UsageError on the first bad one, before anything starts."""
+        env = os.environ if env is None else env
+        return cls(
+            DetectConfig.from_env(env), BreakerConfig.from_env(env), ActionsConfig.from_env(env)
+        )
+
+
+@dataclass(frozen=True)
 class InProcessTrainer:
     """What an agent running inside the trainer's own process reads from it and asks of it.
 
@@ -153,14 +174,15 @@ class Watchdog:
         self.sweep_listeners: list[Callable[[Snapshot, list[tuple[str, Point]]], None]] = []
 
     @classmethod
-    def from_env(
+    def build(
         cls,
+        settings: DetectionSettings,
         *,
         proc_root: str = "/proc",
         trainer: InProcessTrainer | None = None,
         phase: Callable[[], str | None] | None = None,
     ) -> Watchdog:
-        """Engine, breaker and actions configured from ``OTEL_GPU_*`` variables.
+        """Engine, breaker and actions from ready ``settings``.
 
         ``proc_root``: the /proc the sweeps read (``OTEL_GPU_PROC_ROOT``), where a stop reads
         the start times that guard against a reused PID; only the watched job's processes are
@@ -172,24 +194,21 @@ class Watchdog:
         """
         import psutil
 
-        from otel_gpu.actions.config import ActionsConfig
         from otel_gpu.actions.dispatcher import ActionDispatcher
         from otel_gpu.actions.stop import JobStopper
 
         trainer = trainer or InProcessTrainer()
         phase = phase if phase is not None else trainer.phase
         watchdog = cls(
-            Engine(DetectConfig.from_env()),
-            Breaker(BreakerConfig.from_env()),
+            Engine(settings.detect),
+            Breaker(settings.breaker),
             phase=phase,
             step=trainer.step,
             host_memory=psutil.virtual_memory().total,
             start_ticks=lambda pid: read_start_ticks(pid, proc_root),
         )
         stopper = JobStopper(watchdog.verified_trainers, request_fn=trainer.request_stop)
-        watchdog.dispatcher = ActionDispatcher.from_config(
-            ActionsConfig.from_env(), stopper=stopper
-        )
+        watchdog.dispatcher = ActionDispatcher.from_config(settings.actions, stopper=stopper)
         return watchdog
 
     def on_snapshot(self, snap: Snapshot) -> None:
@@ -351,13 +370,3 @@ class Watchdog:
     def close(self, timeout_s: float = 5.0) -> None:
         if self.dispatcher is not None:
             self.dispatcher.close(timeout_s)
-
-
-def check_settings() -> None:
-    """Validate the detection, breaker and action settings now (UsageError on a bad one), so a
-    command can refuse before it starts the job rather than run it unwatched."""
-    from otel_gpu.actions.config import ActionsConfig
-
-    DetectConfig.from_env()
-    BreakerConfig.from_env()
-    ActionsConfig.from_env()

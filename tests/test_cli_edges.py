@@ -45,7 +45,10 @@ def test_version_prints_the_package_version() -> None:
     ("args", "needle"),
     [
         # The flag the user typed, not the variable it stands in for.
-        (["run", "--export-interval", "0", "--", "true"], "--export-interval must be a positive"),
+        (
+            ["run", "--export-interval", "0", "--", "true"],
+            "--export-interval='0': use a positive number of seconds",
+        ),
         (["run", "--endpoint", "localhost:99999", "--", "true"], "port 99999 is out of range"),
         (["run", "--endpoint", "localhost:0", "--", "true"], "port 0 is out of range"),
         # Unknown options point at the subcommand's help, which lists its options.
@@ -135,11 +138,13 @@ def test_without_a_gpu_the_nvml_warning_appears_once(tmp_path: Path) -> None:
     """The resource detector and the agent both open NVML; one machine without a GPU is one
     line. (No libnvidia-ml.so.1 is on this machine's library path.)"""
     res = otel_gpu(
-        "run", "--exporter", "none", "--no-detect", "--", sys.executable, "-c", "pass",
+        "run", "--exporter", "none", "--no-detect", "--interval", "0.2", "--", sys.executable,
+        "-c", "import time; time.sleep(1.5)",
         env=_env(LD_LIBRARY_PATH=str(tmp_path)),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
-    assert res.stderr.count("no GPU data") == 1, res.stderr
+    warnings = [line for line in res.stderr.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and "no GPU data" in warnings[0], res.stderr
 
 
 def test_a_short_instrumented_job_logs_no_shutdown_meter_provider_warning(tmp_path: Path) -> None:

@@ -34,13 +34,16 @@ def test_environment_overrides_default_and_argument_overrides_environment() -> N
     ("env", "needle"),
     [
         ({"OTEL_GPU_INTERVAL": "0.01"}, "0.1 s or more"),
-        ({"OTEL_GPU_INTERVAL": "fast"}, "OTEL_GPU_INTERVAL='fast' is not a number"),
+        ({"OTEL_GPU_INTERVAL": "fast"}, "OTEL_GPU_INTERVAL='fast': use 0.1 s or more"),
         ({"OTEL_GPU_SIMULATE": "boom"}, "steady, leak, stall"),
         (
             {"OTEL_METRICS_EXPORTER": "kafka"},
             "otlp, console, prometheus (comma-separated), or none",
         ),
-        ({"OTEL_GPU_SIMULATE_SPEED": "0.5"}, "OTEL_GPU_SIMULATE_SPEED=0.5: use a speed from 1 to"),
+        (
+            {"OTEL_GPU_SIMULATE_SPEED": "0.5"},
+            "OTEL_GPU_SIMULATE_SPEED='0.5': use a speed from 1 to",
+        ),
         ({"OTEL_GPU_DETECT": "maybe"}, "use true or false"),
         ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://host:notaport"}, "bad OTLP endpoint"),
         ({"OTEL_GPU_MAX_PROCESSES": "0"}, "OTEL_GPU_MAX_PROCESSES"),

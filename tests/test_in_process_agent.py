@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from otel_gpu.actions.config import ActionsConfig
 from otel_gpu.agent import Agent
 from otel_gpu.config import Settings
+from otel_gpu.detect.config import DetectConfig
 from otel_gpu.sampling.sim import GIB, SimulatedSource
-from otel_gpu.watchdog import InProcessTrainer
+from otel_gpu.watchdog import DetectionSettings, InProcessTrainer
 
 TRAP = (
     "import pathlib, signal, sys, time\n"
@@ -40,7 +42,7 @@ class ManualClock:
     ids=["trainer-takes-the-stop", "trainer-declines-so-the-job-is-signalled"],
 )
 def test_the_trainer_handed_in_feeds_detection_and_is_asked_to_stop_first(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trainer_takes_it: bool, signalled: bool
+    tmp_path: Path, trainer_takes_it: bool, signalled: bool
 ) -> None:
     marker = tmp_path / "job-got-usr1"
     job = subprocess.Popen(
@@ -48,14 +50,11 @@ def test_the_trainer_handed_in_feeds_detection_and_is_asked_to_stop_first(
     )
     try:
         assert job.stdout is not None and job.stdout.readline().strip() == "ready"
-        for name, value in {
-            "OTEL_GPU_STOP_ON_ALERT": "true",
-            "OTEL_GPU_STOP_SIGNAL": "SIGUSR1",
-            "OTEL_GPU_DETECT_LEAK_BUCKET_S": "15",
-            "OTEL_GPU_DETECT_LEAK_MIN_WINDOW_S": "900",
-            "OTEL_GPU_DETECT_LEAK_CONTEXT_S": "1800",
-        }.items():
-            monkeypatch.setenv(name, value)
+        # Detection tuned to find a leak within simulated hours, and the stop action on.
+        detection = DetectionSettings(
+            detect=DetectConfig(leak_bucket_s=15, leak_min_window_s=900, leak_context_s=1800),
+            actions=ActionsConfig(stop_on_alert=True, stop_signal="SIGUSR1"),
+        )
         progress_reads: list[str] = []
         asked: queue.Queue[str] = queue.Queue()
 
@@ -77,6 +76,7 @@ def test_the_trainer_handed_in_feeds_detection_and_is_asked_to_stop_first(
             roots=[job.pid],
             source=SimulatedSource("leak", leak_bytes_per_s=12 * GIB / 3600, clock=clock),
             trainer=InProcessTrainer(phase, step, request_stop),
+            detection=detection,
         )
         opened = []
         agent.watchdog.transition_listeners.append(opened.append)

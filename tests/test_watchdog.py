@@ -13,11 +13,13 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+from otel_gpu.actions.config import ActionsConfig
 from otel_gpu.agent import Agent
 from otel_gpu.config import Settings
+from otel_gpu.detect.config import DetectConfig
 from otel_gpu.sampling.sim import GIB, SimulatedSource
 from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, ProcessSample, Snapshot
-from otel_gpu.watchdog import Watchdog, snapshot_points
+from otel_gpu.watchdog import DetectionSettings, Watchdog, snapshot_points
 
 TRAP = (
     "import pathlib, signal, sys, time\n"
@@ -51,7 +53,6 @@ class ManualClock:
 def test_leak_opens_the_breaker_exports_detector_metrics_and_stops_only_the_job(
     trapping_child: tuple[subprocess.Popen, Path],
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     job, marker = trapping_child
     bystander_marker = tmp_path / "bystander-got-usr1"
@@ -59,14 +60,11 @@ def test_leak_opens_the_breaker_exports_detector_metrics_and_stops_only_the_job(
         [sys.executable, "-c", TRAP, str(bystander_marker)], stdout=subprocess.PIPE, text=True
     )
     assert bystander.stdout is not None and bystander.stdout.readline().strip() == "ready"
-    for name, value in {
-        "OTEL_GPU_STOP_ON_ALERT": "true",
-        "OTEL_GPU_STOP_SIGNAL": "SIGUSR1",
-        "OTEL_GPU_DETECT_LEAK_BUCKET_S": "15",
-        "OTEL_GPU_DETECT_LEAK_MIN_WINDOW_S": "900",
-        "OTEL_GPU_DETECT_LEAK_CONTEXT_S": "1800",
-    }.items():
-        monkeypatch.setenv(name, value)
+    # Detection tuned to find a leak within simulated hours, and the stop action on.
+    detection = DetectionSettings(
+        detect=DetectConfig(leak_bucket_s=15, leak_min_window_s=900, leak_context_s=1800),
+        actions=ActionsConfig(stop_on_alert=True, stop_signal="SIGUSR1"),
+    )
     clock = ManualClock()
     source = SimulatedSource("leak", leak_bytes_per_s=12 * GIB / 3600, clock=clock)
     reader = InMemoryMetricReader()
@@ -77,6 +75,7 @@ def test_leak_opens_the_breaker_exports_detector_metrics_and_stops_only_the_job(
             meter_provider=provider,
             roots=[job.pid],
             source=source,
+            detection=detection,
         )
         assert isinstance(agent.watchdog, Watchdog)
         opened = []

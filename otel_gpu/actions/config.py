@@ -22,13 +22,13 @@ from otel_gpu.actions.options import Parser
 from otel_gpu.actions.stop import parse_signal
 from otel_gpu.detect.model import ANOMALY, HARDWARE, LEAK, STALL, THRESHOLD
 from otel_gpu.errors import UsageError
+from otel_gpu.settings import Setting, boolean, number, resolve
 
 # Which breaker transitions notify. "open" = a new episode (CLOSED -> OPEN); "reopen" = an alert
 # during probation (HALF_OPEN -> OPEN, same episode); "half_open" = probing; "closed" = resolved.
 NOTIFY_CHOICES = ("open", "reopen", "half_open", "closed")
 KINDS = (LEAK, STALL, THRESHOLD, ANOMALY, HARDWARE)
 _PREFIX = "OTEL_GPU_"
-_TRUE = {"1", "true", "yes", "on"}
 _DELIVERY = (
     "queue_size",
     "max_attempts",
@@ -37,7 +37,6 @@ _DELIVERY = (
     "backoff_max_s",
     "retry_after_max_s",
 )
-_FALSE = {"0", "false", "no", "off"}
 
 
 @dataclass(frozen=True)
@@ -63,28 +62,20 @@ class ActionsConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> ActionsConfig:
         """Read ``overrides`` > environment > ``OTEL_GPU_ACTIONS_CONFIG`` file > defaults."""
         env = os.environ if environ is None else environ
-        raw: dict[str, tuple[str, Any]] = {}  # field -> (where it came from, value)
         path = env.get(_PREFIX + "ACTIONS_CONFIG", "").strip()
-        if path:
-            for key, value in _read_file(path).items():
-                if key not in _FIELDS:
-                    raise UsageError(
-                        f"OTEL_GPU_ACTIONS_CONFIG file {path}: unknown setting {key!r}; "
-                        f"accepted: {', '.join(sorted(_FIELDS))}"
-                    )
-                raw[key] = (f"{key} in {path}", value)
-        for name in _FIELDS:
-            var = env_name(name)
-            value = env.get(var)
-            if value is not None and value.strip() != "":
-                raw[name] = (var, value)
-        for name, value in overrides.items():
+        file = _read_file(path) if path else None
+        for key in file or {}:
+            if key not in _FIELDS:
+                raise UsageError(
+                    f"OTEL_GPU_ACTIONS_CONFIG file {path}: unknown setting {key!r}; "
+                    f"accepted: {', '.join(sorted(_FIELDS))}"
+                )
+        for name in overrides:
             if name not in _FIELDS:
                 raise TypeError(f"unknown action setting {name!r}")
-            raw[name] = (name, value)
-        values = {name: _PARSERS[name](where, value) for name, (where, value) in raw.items()}
+        values, origin = resolve(DECLARED, env=env, args=overrides, file=file, file_name=path)
         webhooks = {name: values.pop(name) for name in _VENDOR_PARSERS if name in values}
-        _check_urls(webhooks, raw)
+        _check_urls(webhooks, origin)
         return cls(webhooks=webhooks, **values)
 
     def notifiers(self) -> list[WebhookNotifier]:
@@ -104,14 +95,14 @@ def env_name(setting: str) -> str:
     return _PREFIX + setting.upper()
 
 
-def _check_urls(webhooks: Mapping[str, Any], raw: Mapping[str, tuple[str, Any]]) -> None:
+def _check_urls(webhooks: Mapping[str, Any], origin: Mapping[str, str]) -> None:
     """A vendor's credential (a signing secret, headers) without its URL is a mistake: it was
     meant for a destination that is not configured. Other options may stand alone."""
     for vendor in VENDORS:
         (url, _), *options = vendor.settings().items()
         for name, option in options:
             if option.secret and webhooks.get(name) and not webhooks.get(url):
-                raise UsageError(f"{raw[name][0]} is set but {env_name(url)} is not: set both")
+                raise UsageError(f"{origin[name]} is set but {env_name(url)} is not: set both")
 
 
 def _read_file(path: str) -> dict[str, Any]:
@@ -165,30 +156,13 @@ def _choices(allowed: tuple[str, ...], allow_none: bool) -> Parser:
 
 
 def _bool(where: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    s = str(value).strip().lower()
-    if s in _TRUE:
-        return True
-    if s in _FALSE:
-        return False
-    raise UsageError(f"{where}={value!r} is invalid: use true or false")
+    return boolean(value, where)
 
 
 def _number(minimum: float, integer: bool = False) -> Parser:
-    def parse(where: str, value: Any) -> float | int:
-        accepted = f"{'an integer' if integer else 'a number'} >= {minimum:g}"
-        try:
-            if isinstance(value, bool):
-                raise ValueError
-            x = int(value) if integer else float(value)
-        except (TypeError, ValueError):
-            raise UsageError(f"{where}={value!r} is invalid: use {accepted}") from None
-        if not (x >= minimum) or x == float("inf"):
-            raise UsageError(f"{where}={value!r} is invalid: use {accepted}")
-        return x
-
-    return parse
+    accepted = f"use {'an integer' if integer else 'a number'} >= {minimum:g}"
+    parse = number(minimum, integer=integer, accepted=accepted)
+    return lambda where, value: parse(value, where)
 
 
 def _signal_name(where: str, value: Any) -> str:
@@ -216,3 +190,13 @@ _PARSERS: dict[str, Parser] = {
     "stop_signal": _signal_name,
 }
 _FIELDS = tuple(_PARSERS)
+_DOC = 'see README "Breaker and action settings"'
+
+
+# The declarations the resolver reads (the parsers here take the source first); each is
+# documented in README "Breaker and action settings".
+def _declare(name: str, parse: Parser) -> Setting:
+    return Setting(name, env_name(name), lambda value, where: parse(where, value), _DOC)
+
+
+DECLARED = tuple(_declare(name, parse) for name, parse in _PARSERS.items())

@@ -10,72 +10,33 @@ from typing import Any
 
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 
-from otel_gpu.config import SIM_SCENARIOS, Settings
+from otel_gpu.config import AGENT_OPTIONS, DECLARED, ENV, Settings
+from otel_gpu.settings import add_options, given
 
 
-def add_agent_options(
-    parser: argparse.ArgumentParser, *, exporter_default: str | None = None
-) -> None:
-    """Options every watching command takes. Unset options fall back to the environment."""
-    parser.add_argument(
-        "--interval",
-        type=float,
-        metavar="SECONDS",
-        help="sampling period in seconds, 0.1 or more (env OTEL_GPU_INTERVAL, default 5)",
-    )
-    parser.add_argument(
-        "--exporter",
-        metavar="NAMES",
-        default=exporter_default,
-        help="where metrics go, comma-separated: otlp (gRPC, OTEL_EXPORTER_OTLP_* settings), "
-        "console, prometheus (GET /metrics on OTEL_EXPORTER_PROMETHEUS_HOST:PORT, default "
-        "localhost:9464); or none (env OTEL_METRICS_EXPORTER, default otlp)",
-    )
-    parser.add_argument(
-        "--endpoint",
-        metavar="URL",
-        help="OTLP gRPC endpoint, e.g. http://localhost:4317 (env OTEL_EXPORTER_OTLP_ENDPOINT)",
-    )
-    parser.add_argument(
-        "--export-interval",
-        type=float,
-        metavar="SECONDS",
-        help="metric export period in seconds (env OTEL_METRIC_EXPORT_INTERVAL in ms, default 10 s)",
-    )
-    parser.add_argument(
-        "--simulate",
-        metavar="SCENARIO",
-        help=f"use a simulated GPU instead of NVML: {', '.join(SIM_SCENARIOS)} (env OTEL_GPU_SIMULATE)",
-    )
-    parser.add_argument(
-        "--no-detect",
-        action="store_true",
-        help="do not run leak/stall detection in the agent (env OTEL_GPU_DETECT=false)",
-    )
+def add_agent_options(parser: argparse.ArgumentParser) -> None:
+    """Options every watching command takes, built from the settings' declarations. Unset
+    options fall back to the environment."""
+    add_options(parser, AGENT_OPTIONS)
     parser.add_argument(
         "--service-name",
         metavar="NAME",
         help="service.name of the exported resource (env OTEL_SERVICE_NAME; default: the program)",
     )
-    parser.add_argument(
-        "--health",
-        metavar="HOST:PORT",
-        help="serve /healthz there: 200 while sampling is fresh and exports succeed, 503 with "
-        "the reason otherwise (env OTEL_GPU_HEALTH; default off)",
-    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log the agent's own activity")
 
 
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    return Settings.load(
-        interval_s=args.interval,
-        exporter=args.exporter,
-        endpoint=args.endpoint,
-        export_interval_s=args.export_interval,
-        simulate=args.simulate,
-        detect=False if args.no_detect else None,
-        health=getattr(args, "health", None),
-    )
+def settings_from_args(
+    args: argparse.Namespace, env: Mapping[str, str] | None = None, **defaults: object
+) -> Settings:
+    """The agent's settings: the command's options > ``env`` (default: this process's) >
+    ``defaults`` a command has of its own (the sidecar's) > the declared defaults."""
+    env = os.environ if env is None else env
+    explicit = given(args, DECLARED)
+    for name, value in defaults.items():
+        if explicit.get(name) is None and not env.get(ENV[name] or "", "").strip():
+            explicit[name] = value
+    return Settings.load(env, **explicit)
 
 
 # Every command's log lines look alike.

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -25,8 +26,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 
 from otel_gpu.commands.outputs import RunOutputs
-from otel_gpu.config import Settings
-from otel_gpu.errors import UsageError
+from otel_gpu.config import SIM_SCENARIOS, Settings
+from otel_gpu.settings import Setting, add_options, choice, given, number, resolve
 from otel_gpu.sweeps import labels
 
 GIB = 1024**3
@@ -44,6 +45,28 @@ WORKLOAD = (
 _IGNORE_SIGINT = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
 
 
+# The demo's own options (flags only: a demo is run by hand).
+DEMO_OPTIONS = (
+    Setting(
+        "scenario", None, choice(SIM_SCENARIOS), "what the simulated GPU does", "leak",
+        "--scenario", "SCENARIO",
+    ),
+    Setting(
+        "max_seconds", None,
+        number(0, 3600, low_open=True, accepted="use a number of seconds from 1 to 3600"),
+        "stop after this many seconds even without an alert", "50", "--max-seconds", "SECONDS",
+    ),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """What the demo shows and for how long (:data:`DEMO_OPTIONS`)."""
+
+    scenario: str = "leak"
+    max_seconds: float = 50.0
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "demo",
@@ -52,18 +75,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "by the real agent: live status, the leak detection, the circuit breaker opening and "
         "the webhook notification (to a receiver on 127.0.0.1). Finishes in under a minute.",
     )
-    parser.add_argument(
-        "--scenario",
-        choices=("leak", "stall", "steady"),
-        default="leak",
-        help="what the simulated GPU does (default: leak)",
-    )
-    parser.add_argument(
-        "--max-seconds",
-        type=float,
-        default=50.0,
-        help="stop after this many seconds even without an alert (default 50)",
-    )
+    add_options(parser, DEMO_OPTIONS)
     parser.set_defaults(func=demo)
 
 
@@ -82,10 +94,8 @@ class _Receiver(BaseHTTPRequestHandler):
 
 
 def demo(args: argparse.Namespace) -> int:
-    if not 0 < args.max_seconds <= 3600:
-        raise UsageError(
-            f"--max-seconds {args.max_seconds}: use a number of seconds from 1 to 3600"
-        )
+    values, _origin = resolve(DEMO_OPTIONS, env={}, args=given(args, DEMO_OPTIONS))
+    opts = DemoOptions(**values)
     from otel_gpu.actions.dispatcher import ActionDispatcher
     from otel_gpu.actions.notifiers import JsonNotifier
     from otel_gpu.agent import Agent
@@ -107,7 +117,7 @@ def demo(args: argparse.Namespace) -> int:
     provider = MeterProvider(
         metric_readers=[reader], resource=Resource.create({"service.name": "otel-gpu-demo"})
     )
-    source = SimulatedSource(args.scenario, time_scale=120.0, leak_bytes_per_s=12 * GIB / 3600)
+    source = SimulatedSource(opts.scenario, time_scale=120.0, leak_bytes_per_s=12 * GIB / 3600)
     # The workload ignores Ctrl-C (the terminal sends it to the whole group): the demo stops it.
     child = subprocess.Popen([sys.executable, "-c", _IGNORE_SIGINT + WORKLOAD])
     dispatcher = ActionDispatcher([JsonNotifier(url)], backoff_s=0.2, source="otel-gpu demo")
@@ -139,12 +149,12 @@ def demo(args: argparse.Namespace) -> int:
     # The same live view and summary as `otel-gpu run`, on stderr.
     outputs = RunOutputs(
         argparse.Namespace(quiet=False, view=False, record=None, summary_json=None),
-        f"otel-gpu demo ({args.scenario}, simulated 120x)",
+        f"otel-gpu demo ({opts.scenario}, simulated 120x)",
     )
     outputs.attach(agent.sampler, watchdog)
 
     print(
-        f"otel-gpu demo: watching PID {child.pid} on a simulated GPU ({args.scenario}), "
+        f"otel-gpu demo: watching PID {child.pid} on a simulated GPU ({opts.scenario}), "
         "simulated time runs 120x faster; Ctrl-C to stop.",
         file=out,
     )
@@ -160,7 +170,7 @@ def demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
     notified_at: float | None = None
     try:
-        while time.monotonic() - started < args.max_seconds:
+        while time.monotonic() - started < opts.max_seconds:
             if interrupted.wait(1.0):
                 break
             while events:
@@ -199,7 +209,7 @@ def demo(args: argparse.Namespace) -> int:
         print("notification payload (excerpt):", json.dumps(summary), file=out)
         return 0
     print("no alert was raised in this run", file=out)
-    return 0 if args.scenario == "steady" else 1
+    return 0 if opts.scenario == "steady" else 1
 
 
 def _count(data: Any) -> tuple[int, set[str]]:

@@ -93,10 +93,10 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.verbose)
     from otel_gpu.agent import Agent, acquire_node_lock
     from otel_gpu.export import close_all, meter_provider, shutdown_provider
-    from otel_gpu.watchdog import check_settings
+    from otel_gpu.watchdog import DetectionSettings
 
-    if settings.detect:
-        check_settings()  # a bad OTEL_GPU_* setting refuses to start, never runs the job unwatched
+    # Resolved now: a bad OTEL_GPU_* setting refuses to start, never runs the job unwatched.
+    detection = DetectionSettings.load() if settings.detect else None
     outputs = RunOutputs(args, f"otel-gpu run {os.path.basename(cmd[0])}")
     # Own the node before the job starts, so an auto-instrumented job does not sample it twice.
     acquire_node_lock(settings.lock_dir)
@@ -135,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
                 roots=[job[0].pid],
                 visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                 export_health=endpoints.export_health,
+                detection=detection,
             )
             outputs.attach(agent.sampler, agent.watchdog)
             agent.start()

@@ -23,12 +23,14 @@ from otel_gpu.commands.common import (
     setup_logging,
 )
 from otel_gpu.commands.outputs import RunOutputs, add_output_options
-from otel_gpu.config import Settings
+from otel_gpu.config import SIDECAR_OPTIONS, Settings
 from otel_gpu.errors import UsageError
+from otel_gpu.settings import add_options
 
 if TYPE_CHECKING:
     from otel_gpu.inference.readiness import Readiness
     from otel_gpu.inference.serving import ServingConditions
+    from otel_gpu.watchdog import DetectionSettings
 
 log = logging.getLogger("otel_gpu.sidecar")
 
@@ -53,12 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="watch only processes whose executable name contains NAME, and their children "
         "(repeatable; waits until one runs); default: every process of the pod",
     )
-    parser.add_argument(
-        "--server-metrics",
-        metavar="URL",
-        help="the inference server's Prometheus endpoint, scraped each interval, e.g. "
-        "http://127.0.0.1:8000/metrics (env OTEL_GPU_SERVER_METRICS)",
-    )
+    add_options(parser, SIDECAR_OPTIONS)
     parser.add_argument(
         "--pod-resources",
         metavar="SOCKET",
@@ -75,19 +72,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def sidecar_settings(args: argparse.Namespace, env: dict[str, str]) -> Settings:
     """The shared agent settings, with the sidecar's defaults: the executable only in
     ``process.command`` unless OTEL_GPU_PROCESS_COMMAND says otherwise."""
-    base = settings_from_args(args)
-    return Settings.load(
-        env,
-        interval_s=base.interval_s,
-        exporter=base.exporter,
-        endpoint=base.endpoint,
-        export_interval_s=base.export_interval_s,
-        simulate=base.simulate,
-        detect=base.detect,
-        health=base.health,
-        server_metrics=args.server_metrics,
-        process_command=None if env.get("OTEL_GPU_PROCESS_COMMAND") else "executable",
-    )
+    return settings_from_args(args, env, process_command="executable")
 
 
 def sidecar(args: argparse.Namespace) -> int:
@@ -97,10 +82,10 @@ def sidecar(args: argparse.Namespace) -> int:
     from otel_gpu.detect.breaker import BreakerConfig
     from otel_gpu.inference.readiness import Readiness, ReadinessConfig
     from otel_gpu.inference.serving import ServingConditions, ServingConfig
-    from otel_gpu.watchdog import check_settings
+    from otel_gpu.watchdog import DetectionSettings
 
-    if settings.detect:
-        check_settings()
+    # Resolved now: a bad OTEL_GPU_* setting refuses to start, never runs the job unwatched.
+    detection = DetectionSettings.load(env) if settings.detect else None
     # Readiness opens on the first serving-fatal alert, whatever the notify threshold is.
     readiness = Readiness(
         ReadinessConfig.from_env(env), BreakerConfig.from_env(env, alerts_to_open=1)
@@ -117,7 +102,9 @@ def sidecar(args: argparse.Namespace) -> int:
         roots = _roots(args.match, settings.proc_root, stop)
         if roots is None:
             return 0  # asked to stop before anything matched
-        return _watch(settings, env, roots, args, readiness, serving, endpoints, outputs, stop)
+        return _watch(
+            settings, env, roots, args, readiness, serving, endpoints, outputs, stop, detection
+        )
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -134,6 +121,7 @@ def _watch(
     endpoints: AgentEndpoints,
     outputs: RunOutputs,
     stop: threading.Event,
+    detection: DetectionSettings | None,
 ) -> int:
     from otel_gpu.agent import Agent
     from otel_gpu.export import close_all, meter_provider, shutdown_provider
@@ -158,6 +146,7 @@ def _watch(
         visible_devices=visible,
         export_health=endpoints.export_health,
         phase=serving.phase,
+        detection=detection,
     )
     scraper = None
     if settings.server_metrics:

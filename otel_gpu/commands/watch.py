@@ -59,10 +59,10 @@ def watch(args: argparse.Namespace) -> int:
     setup_logging(args.verbose)
     from otel_gpu.agent import Agent, acquire_node_lock
     from otel_gpu.export import close_all, meter_provider, shutdown_provider
-    from otel_gpu.watchdog import check_settings
+    from otel_gpu.watchdog import DetectionSettings
 
-    if settings.detect:
-        check_settings()
+    # Resolved now: a bad OTEL_GPU_* setting refuses to start, never runs the job unwatched.
+    detection = DetectionSettings.load() if settings.detect else None
 
     outputs = RunOutputs(args, f"otel-gpu watch {name}")
     acquire_node_lock(settings.lock_dir)
@@ -78,6 +78,7 @@ def watch(args: argparse.Namespace) -> int:
         roots=[args.pid],
         visible_devices=_visible_devices(root),
         export_health=endpoints.export_health,
+        detection=detection,
     )
     outputs.attach(agent.sampler, agent.watchdog)
     agent.start()

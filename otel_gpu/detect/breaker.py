@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from otel_gpu.detect.model import Alert
-from otel_gpu.errors import UsageError
+from otel_gpu.settings import Setting, number, resolve
 
 CLOSED = "closed"
 OPEN = "open"
@@ -50,49 +50,40 @@ class BreakerConfig:
     probation_s: float = 300.0  # alert-free time HALF_OPEN needs to close
 
     def __post_init__(self) -> None:
-        if isinstance(self.alerts_to_open, bool) or not isinstance(self.alerts_to_open, int):
-            raise UsageError("breaker alerts_to_open must be an integer >= 1")
-        if self.alerts_to_open < 1:
-            raise UsageError("breaker alerts_to_open must be an integer >= 1")
-        for name in ("window_s", "cooldown_s", "probation_s"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise UsageError(f"breaker {name} must be a finite number of seconds >= 0")
-        if self.window_s <= 0:
-            raise UsageError("breaker window_s must be > 0 seconds")
+        for s in DECLARED:  # the same bounds as the variables'
+            s.parse(getattr(self, s.name), f"breaker {s.name}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> BreakerConfig:
-        """Settings from explicit ``overrides`` > ``OTEL_GPU_BREAKER_*`` > defaults.
-
-        Variables: OTEL_GPU_BREAKER_ALERTS_TO_OPEN (integer >= 1), OTEL_GPU_BREAKER_WINDOW_S
-        (seconds > 0), OTEL_GPU_BREAKER_COOLDOWN_S and OTEL_GPU_BREAKER_PROBATION_S (seconds
-        >= 0). A bad value raises UsageError naming the variable and the accepted values.
-        """
+        """Explicit ``overrides`` > ``OTEL_GPU_BREAKER_*`` (:data:`DECLARED`) > defaults; a bad
+        value raises UsageError naming the variable and the accepted values."""
         env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        spec = (
-            ("alerts_to_open", "OTEL_GPU_BREAKER_ALERTS_TO_OPEN", int, 1.0, "an integer >= 1"),
-            ("window_s", "OTEL_GPU_BREAKER_WINDOW_S", float, None, "a number of seconds > 0"),
-            ("cooldown_s", "OTEL_GPU_BREAKER_COOLDOWN_S", float, 0.0, "a number of seconds >= 0"),
-            ("probation_s", "OTEL_GPU_BREAKER_PROBATION_S", float, 0.0, "a number of seconds >= 0"),
-        )
-        for attr, var, kind, minimum, accepted in spec:
-            if attr in overrides:
-                values[attr] = overrides[attr]
-                continue
-            raw = env.get(var, "").strip()
-            if not raw:
-                continue
-            try:
-                value = kind(raw)
-            except ValueError:
-                raise UsageError(f"{var}={raw!r} is invalid: use {accepted}") from None
-            ok = math.isfinite(value) and (value > 0 if minimum is None else value >= minimum)
-            if not ok:
-                raise UsageError(f"{var}={raw!r} is invalid: use {accepted}")
-            values[attr] = value
+        values, _origin = resolve(DECLARED, env=env, args=overrides)
         return cls(**values)
+
+
+_SECONDS = "use a number of seconds >= 0"
+DECLARED = (
+    Setting(
+        "alerts_to_open", "OTEL_GPU_BREAKER_ALERTS_TO_OPEN",
+        number(1, integer=True, accepted="use an integer >= 1"),
+        "alerts within the window that open a subject's breaker", "1",
+    ),
+    Setting(
+        "window_s", "OTEL_GPU_BREAKER_WINDOW_S",
+        number(0, low_open=True, accepted="use a number of seconds > 0"),
+        "window (s of data time) for counting those alerts", "300",
+    ),
+    Setting(
+        "cooldown_s", "OTEL_GPU_BREAKER_COOLDOWN_S", number(0, accepted=_SECONDS),
+        "least time OPEN before probing (HALF_OPEN); probing also waits for the condition to "
+        "clear", "600",
+    ),
+    Setting(
+        "probation_s", "OTEL_GPU_BREAKER_PROBATION_S", number(0, accepted=_SECONDS),
+        "time HALF_OPEN needs without an alert or an active condition to close", "300",
+    ),
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from otel_gpu.detect.breaker import CLOSED, OPEN, Breaker, BreakerConfig, Transi
 from otel_gpu.detect.model import HARDWARE, LEAK, Alert
 from otel_gpu.errors import UsageError
 from otel_gpu.sampling.snapshot import STATUS_FAILED, Snapshot
+from otel_gpu.settings import Setting, number, resolve
 
 # Xids after which NVIDIA's documentation says the GPU needs a reset (or the node a reboot):
 # 48 double-bit ECC error, 74 NVLink error, 79 GPU has fallen off the bus, 94/95 contained /
@@ -43,24 +44,25 @@ class ReadinessConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> ReadinessConfig:
-        """``OTEL_GPU_READY_XIDS`` (comma-separated Xid numbers, or ``none``) and
-        ``OTEL_GPU_READY_EXHAUSTION`` (seconds > 0); UsageError naming the variable."""
-        xids = DEFAULT_FATAL_XIDS
-        raw = environ.get(XIDS_ENV, "").strip()
-        if raw:
-            xids = parse_xids(raw, XIDS_ENV)
-        exhaustion = DEFAULT_EXHAUSTION_S
-        raw = environ.get(EXHAUSTION_ENV, "").strip()
-        if raw:
-            try:
-                exhaustion = float(raw)
-            except ValueError:
-                exhaustion = -1.0
-            if not 0 < exhaustion <= 7 * 86400:
-                raise UsageError(
-                    f"{EXHAUSTION_ENV}={raw!r}: use a number of seconds from 1 to 604800"
-                )
-        return cls(fatal_xids=xids, exhaustion_s=exhaustion)
+        """``OTEL_GPU_READY_XIDS`` and ``OTEL_GPU_READY_EXHAUSTION`` (:data:`DECLARED`) over
+        the defaults; UsageError naming the variable."""
+        values, _origin = resolve(DECLARED, env=environ)
+        return cls(**values)
+
+
+DECLARED = (
+    Setting(
+        "fatal_xids", XIDS_ENV, lambda raw, source: parse_xids(str(raw), source),
+        "Xids that make the replica not ready; `none` for none",
+        ",".join(str(x) for x in sorted(DEFAULT_FATAL_XIDS)),
+    ),
+    Setting(
+        "exhaustion_s", EXHAUSTION_ENV,
+        number(0, 7 * 86400, low_open=True, accepted="use a number of seconds from 1 to 604800"),
+        "a leak projected to exhaust memory within this many seconds makes it not ready",
+        f"{DEFAULT_EXHAUSTION_S:g}",
+    ),
+)  # fmt: skip
 
 
 def parse_xids(raw: str, source: str) -> frozenset[int]:

@@ -20,8 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from otel_gpu.detect.model import PHASE_LOAD, STALL, THRESHOLD, Alert
-from otel_gpu.errors import UsageError
 from otel_gpu.inference.engines import ServerState
+from otel_gpu.settings import Setting, number, resolve
 
 SERVER_SUBJECT = "server"
 STALL_ENV = "OTEL_GPU_READY_STALL"
@@ -39,18 +39,19 @@ class ServingConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> ServingConfig:
-        """``OTEL_GPU_READY_STALL``: seconds of requests waiting on idle GPUs that make a
-        stall (default 60); UsageError naming the variable on a bad value."""
-        raw = environ.get(STALL_ENV, "").strip()
-        if not raw:
-            return cls()
-        try:
-            stall = float(raw)
-        except ValueError:
-            stall = -1.0
-        if not 1 <= stall <= 86400:
-            raise UsageError(f"{STALL_ENV}={raw!r}: use a number of seconds from 1 to 86400")
-        return cls(stall_s=stall)
+        """``OTEL_GPU_READY_STALL`` (:data:`DECLARED`) over the defaults; UsageError naming
+        the variable on a bad value."""
+        values, _origin = resolve(DECLARED, env=environ)
+        return cls(**values)
+
+
+DECLARED = (
+    Setting(
+        "stall_s", STALL_ENV,
+        number(1, 86400, accepted="use a number of seconds from 1 to 86400"),
+        "seconds of requests waiting on idle GPUs that make a serving stall", "60",
+    ),
+)  # fmt: skip
 
 
 class ServingConditions:

@@ -159,7 +159,8 @@ class GpuHostResourceDetector(ResourceDetector):
             return Resource.get_empty()
         attrs = host_attributes(result[0]) if result else {}
         if not attrs:
-            log.warning("GPU host attributes not recorded: no NVIDIA driver or GPU found")
+            # INFO: the sampler says "no GPU data" (with the reason and the fix) as a warning.
+            log.info("GPU host attributes not recorded: no NVIDIA driver or GPU found")
         return Resource(attrs)
 
 

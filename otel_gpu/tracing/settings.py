@@ -1,4 +1,4 @@
-"""Tracing settings: ``OTEL_GPU_*`` environment > default, validated once.
+"""Tracing settings: ``OTEL_GPU_*`` environment > default, declared once, validated once.
 
 A bad value raises :class:`~otel_gpu.errors.UsageError` naming the variable and what it accepts.
 """
@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from otel_gpu.errors import UsageError
+from otel_gpu.settings import Setting, boolean, choice, number, resolve
 from otel_gpu.tracing.environment_variables import (
     OTEL_GPU_ROLE,
     OTEL_GPU_STEP_SPANS_EVERY,
@@ -19,13 +19,34 @@ from otel_gpu.tracing.environment_variables import (
 
 ROLES = ("auto", "launcher", "trainer", "node", "off")
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+DECLARED = (
+    Setting(
+        "role", OTEL_GPU_ROLE, choice(ROLES),
+        "`auto`, `launcher`, `trainer`, `node` or `off` (see \"Which process does what\")",
+        "`auto`",
+    ),
+    Setting(
+        "step_spans_every", OTEL_GPU_STEP_SPANS_EVERY,
+        number(0, integer=True, accepted="use 0 or more"),
+        "a `step` span for every Nth step; `0` = no step spans (`training.step` still updates)",
+        "`1`",
+    ),
+    Setting(
+        "stop_enabled", OTEL_GPU_STOP, boolean,
+        "let `request_stop` checkpoint and stop the trainer", "`false`",
+    ),
+    Setting(
+        "stop_sync_steps", OTEL_GPU_STOP_SYNC_STEPS,
+        number(1, integer=True, accepted="use 1 or more"),
+        "under DDP, ranks agree on a stop every this many steps (one all-reduce of one integer)",
+        "`10`",
+    ),
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class TracingSettings:
-    """See README "Settings" for each variable."""
+    """The tracing side's settings; :data:`DECLARED` documents each field."""
 
     role: str = "auto"
     step_spans_every: int = 1  # a step span for every Nth step; 0 = none
@@ -34,35 +55,7 @@ class TracingSettings:
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None) -> TracingSettings:
-        env = os.environ if env is None else env
-        role = env.get(OTEL_GPU_ROLE, "auto").strip().lower() or "auto"
-        if role not in ROLES:
-            raise UsageError(f"{OTEL_GPU_ROLE}={role!r}: use one of {', '.join(ROLES)}")
-        return cls(
-            role=role,
-            step_spans_every=_count(env, OTEL_GPU_STEP_SPANS_EVERY, 1, minimum=0),
-            stop_enabled=_flag(env, OTEL_GPU_STOP),
-            stop_sync_steps=_count(env, OTEL_GPU_STOP_SYNC_STEPS, 10, minimum=1),
-        )
-
-
-def _count(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise UsageError(f"{name}={raw!r} is not a whole number") from None
-    if value < minimum:
-        raise UsageError(f"{name}={raw!r}: use {minimum} or more")
-    return value
-
-
-def _flag(env: Mapping[str, str], name: str) -> bool:
-    raw = env.get(name, "").strip().lower()
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise UsageError(f"{name}={raw!r}: use true or false")
+        """The environment (default: this process's) over the defaults; UsageError naming
+        the variable on a bad value."""
+        values, _origin = resolve(DECLARED, env=os.environ if env is None else env)
+        return cls(**values)
