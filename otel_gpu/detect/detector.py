@@ -61,14 +61,3 @@ def gb(n: float) -> str:
     """Bytes as GiB for alert sentences, as NVML, nvidia-smi and otel-gpu's own view count
     memory (rates stay in MB/h)."""
     return f"{n / 2**30:.1f} GiB"
-
-
-def duration(s: float) -> str:
-    """Seconds as a short human duration for alert sentences."""
-    if s < 120:
-        return f"{s:.0f} s"
-    if s < 7200:
-        return f"{s / 60:.0f} min"
-    if s < 172800:
-        return f"{s / 3600:.1f} h"
-    return f"{s / 86400:.1f} d"

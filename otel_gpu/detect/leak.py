@@ -36,7 +36,7 @@ import math
 from collections.abc import Sequence
 
 from otel_gpu.detect.config import DetectConfig
-from otel_gpu.detect.detector import NO_ALERTS, Condition, duration, gb
+from otel_gpu.detect.detector import NO_ALERTS, Condition, gb
 from otel_gpu.detect.floor import (
     LEVEL_FACTOR,
     LEVELS,
@@ -51,6 +51,7 @@ from otel_gpu.detect.floor import (
     theil_sen,
 )
 from otel_gpu.detect.model import LEAK, PHASE_EVALUATE, PHASE_LOAD, PHASE_SAVE, Alert, Point
+from otel_gpu.units import duration
 
 WINDOWS = (16, 32)
 _SKIP_PHASES = frozenset((PHASE_LOAD, PHASE_EVALUATE, PHASE_SAVE))
