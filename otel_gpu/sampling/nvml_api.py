@@ -133,35 +133,63 @@ PROCESS_INFO = struct.Struct("=I4xQII")  # nvmlProcessInfo_t (v2/v3 entry), 24 b
 NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE for usedGpuMemory
 
 
-# Process lists: (metric, NVML symbol, pynvml's own function for old pynvml versions).
-COMPUTE = ("processes", "nvmlDeviceGetComputeRunningProcesses_v3", "ComputeRunningProcesses")
+# Process lists: (metric, NVML symbols newest first, pynvml's own function for old pynvml
+# versions). Drivers from before the _v3 lists have _v2, with the same 24-byte entry.
+COMPUTE = (
+    "processes",
+    ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"),
+    "ComputeRunningProcesses",
+)
 GRAPHICS = (
     "graphics_processes",
-    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    ("nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
     "GraphicsRunningProcesses",
 )
 MPS = (
     "mps_processes",
-    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    ("nvmlDeviceGetMPSComputeRunningProcesses_v3", "nvmlDeviceGetMPSComputeRunningProcesses_v2"),
     "MPSComputeRunningProcesses",
 )
-ProcessList = tuple[str, str, str]
+ProcessList = tuple[str, tuple[str, ...], str]
+# The symbol each process list resolved to, per loaded library: (library, function).
+_resolved: dict[str, tuple[Any, Any]] = {}
+
+
+def _process_list_function(get_function: Callable[[str], Any], which: ProcessList) -> Any:
+    """The newest of ``which``'s symbols the loaded library has; looked up once per library (a
+    missing symbol costs pynvml a lock and a failed lookup on every ask)."""
+    lib = pynvml.nvmlLib
+    known = _resolved.get(which[0])
+    if known is not None and known[0] is lib:
+        return known[1]
+    for symbol in which[1]:
+        try:
+            fn = get_function(symbol)
+        except pynvml.NVMLError as err:
+            if err.value != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                raise
+            continue
+        _resolved[which[0]] = (lib, fn)
+        return fn
+    raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)  # not asked again
 
 
 def running_processes(handle: Any, which: ProcessList = COMPUTE) -> list[tuple[int, int | None]]:
     """(pid, used GPU bytes or None) of the processes on a device in one of NVML's lists:
-    compute, graphics, or MPS clients (under MPS the compute list shows only the MPS server).
+    compute, graphics, or MPS clients (under MPS the compute list shows only the MPS server),
+    through the ``_v3`` function or, on an older driver, the ``_v2`` one.
 
     NVML's two-call protocol, done here rather than by pynvml's
     ``nvmlDeviceGetComputeRunningProcesses`` because that builds a Python object per process:
-    for 8 GPUs x 64 processes it was 70 % of a sweep. The entry layout is pinned by tests
-    against pynvml's ``c_nvmlProcessInfo_v3_t``.
+    for 8 GPUs x 64 processes it was 70 % of a sweep (and, on a driver without ``_v3``, it
+    raises ``NVMLLibraryMismatchError``). The entry layout is pinned by tests against pynvml's
+    ``c_nvmlProcessInfo_v3_t``.
     """
     get_function = getattr(pynvml, "_nvmlGetFunctionPointer", None)
     if get_function is None:  # a pynvml without it: its own (slower) implementation
         listed = getattr(pynvml, f"nvmlDeviceGet{which[2]}")(handle)
         return [(p.pid, p.usedGpuMemory) for p in listed]
-    fn = get_function(which[1])
+    fn = _process_list_function(get_function, which)
     count = ctypes.c_uint(0)
     ret = fn(handle, ctypes.byref(count), None)
     if ret == pynvml.NVML_SUCCESS:
