@@ -356,6 +356,7 @@ gpu.0.graphics_processes = 4444:2048
 gpu.0.mps_processes = 4545:4096
 gpu.0.memory.reserved = 1000000
 gpu.0.temperature = 61
+gpu.0.clocks_event_reasons = 0x24
 """
 # library -> the NVML symbols that must answer for processes, memory and temperature
 SYMBOLS_USED = {
@@ -365,6 +366,7 @@ SYMBOLS_USED = {
         "nvmlDeviceGetMPSComputeRunningProcesses_v3",
         "nvmlDeviceGetMemoryInfo_v2",
         "nvmlDeviceGetTemperatureV",
+        "nvmlDeviceGetCurrentClocksEventReasons",
     ),
     "legacy": (
         "nvmlDeviceGetComputeRunningProcesses_v2",
@@ -372,6 +374,7 @@ SYMBOLS_USED = {
         "nvmlDeviceGetMPSComputeRunningProcesses_v2",
         "nvmlDeviceGetMemoryInfo",
         "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
     ),
 }
 
@@ -380,9 +383,10 @@ SYMBOLS_USED = {
 def test_an_old_driver_is_read_through_the_older_functions(
     request: pytest.FixtureRequest, driver: str
 ):
-    """A driver without the _v3 process lists, memory info v2 and TemperatureV (the legacy
-    build) still gives every process list, the memory and the temperature, through _v2, v1
-    and nvmlDeviceGetTemperature; a current one is read through the newest functions only."""
+    """A driver without the _v3 process lists, memory info v2, TemperatureV and the "clocks
+    event" name (the legacy build) still gives every process list, the memory, the temperature
+    and the throttle reasons, through _v2, v1, nvmlDeviceGetTemperature and the "throttle"
+    name; a current one is read through the newest functions only."""
     fake: FakeNvml = request.getfixturevalue("legacy_nvml" if driver == "legacy" else "fake_nvml")
     fake.write(OLD_DRIVER_SCENARIO)
     src = fake.source()
@@ -390,6 +394,7 @@ def test_an_old_driver_is_read_through_the_older_functions(
         reading = src.sample([])
         gpu0 = reading.gpus[0]
         assert gpu0.processes_listed and gpu0.temperature_c == 61.0
+        assert gpu0.throttle_reasons == 0x24
         assert gpu0.memory_used is not None and gpu0.memory_total is not None
         used = {(p.pid, p.used_memory) for p in reading.gpu_processes}
         assert used == {(4242, 1073741824), (4343, None), (4444, 2048), (4545, 4096)}

@@ -56,6 +56,46 @@ def function(*names: str) -> Callable[..., Any] | None:
     return next((getattr(pynvml, n) for n in names if hasattr(pynvml, n)), None)
 
 
+# The function each list of alternative symbols resolved to, per loaded library.
+_resolved: dict[tuple[str, ...], tuple[Any, Any]] = {}
+
+
+def newest_function(symbols: tuple[str, ...]) -> Any:
+    """The first of ``symbols`` (newest first) the loaded library has, as a ctypes function;
+    looked up once per library (a missing symbol costs pynvml a lock and a failed lookup on
+    every ask). None of them: FUNCTION_NOT_FOUND, so the metric is not asked again."""
+    lib = pynvml.nvmlLib
+    known = _resolved.get(symbols)
+    if known is not None and known[0] is lib:
+        return known[1]
+    for symbol in symbols:
+        try:
+            fn = pynvml._nvmlGetFunctionPointer(symbol)
+        except pynvml.NVMLError as err:
+            if err.value != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                raise
+            continue
+        _resolved[symbols] = (lib, fn)
+        return fn
+    raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+
+# Older drivers know only the "throttle" name; newer ones keep it, deprecated.
+CLOCKS_EVENT_REASONS = (
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+)
+
+
+def clocks_event_reasons(handle: Any) -> int:
+    """The device's clocks-event (throttle) reasons bitmask, under either name."""
+    reasons = ctypes.c_ulonglong()
+    ret = newest_function(CLOCKS_EVENT_REASONS)(handle, ctypes.byref(reasons))
+    if ret != pynvml.NVML_SUCCESS:
+        raise pynvml.NVMLError(ret)
+    return reasons.value
+
+
 def _milli(v: Any) -> float:
     return v / 1000.0
 
@@ -94,15 +134,7 @@ SCALARS: tuple[tuple[str, str, Callable[..., Any] | None, tuple[int, ...], Calla
     # (memory error type, counter type): corrected/uncorrected, volatile (since driver load)
     ("ecc_corrected", "ecc_corrected", function("nvmlDeviceGetTotalEccErrors"), (0, 0), int),
     ("ecc_uncorrected", "ecc_uncorrected", function("nvmlDeviceGetTotalEccErrors"), (1, 0), int),
-    (
-        "throttle",
-        "throttle_reasons",
-        function(
-            "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"
-        ),
-        (),
-        int,
-    ),
+    ("throttle", "throttle_reasons", clocks_event_reasons, (), int),
     ("mig", "mig_mode", function("nvmlDeviceGetMigMode"), (), lambda v: bool(v[0])),
 )
 # Metrics that change rarely or are costly to read, re-read every SLOW_PERIOD_S and reported
@@ -151,27 +183,6 @@ MPS = (
     "MPSComputeRunningProcesses",
 )
 ProcessList = tuple[str, tuple[str, ...], str]
-# The symbol each process list resolved to, per loaded library: (library, function).
-_resolved: dict[str, tuple[Any, Any]] = {}
-
-
-def _process_list_function(get_function: Callable[[str], Any], which: ProcessList) -> Any:
-    """The newest of ``which``'s symbols the loaded library has; looked up once per library (a
-    missing symbol costs pynvml a lock and a failed lookup on every ask)."""
-    lib = pynvml.nvmlLib
-    known = _resolved.get(which[0])
-    if known is not None and known[0] is lib:
-        return known[1]
-    for symbol in which[1]:
-        try:
-            fn = get_function(symbol)
-        except pynvml.NVMLError as err:
-            if err.value != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
-                raise
-            continue
-        _resolved[which[0]] = (lib, fn)
-        return fn
-    raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)  # not asked again
 
 
 def running_processes(handle: Any, which: ProcessList = COMPUTE) -> list[tuple[int, int | None]]:
@@ -189,7 +200,7 @@ def running_processes(handle: Any, which: ProcessList = COMPUTE) -> list[tuple[i
     if get_function is None:  # a pynvml without it: its own (slower) implementation
         listed = getattr(pynvml, f"nvmlDeviceGet{which[2]}")(handle)
         return [(p.pid, p.usedGpuMemory) for p in listed]
-    fn = _process_list_function(get_function, which)
+    fn = newest_function(which[1])
     count = ctypes.c_uint(0)
     ret = fn(handle, ctypes.byref(count), None)
     if ret == pynvml.NVML_SUCCESS:

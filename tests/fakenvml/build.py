@@ -58,7 +58,8 @@ def _digest(*extra: str) -> str:
 def build_fake(out_dir: str | os.PathLike[str], *, legacy: bool = False) -> Path:
     """Compile the fake (cached by source hash) and return the path of ``libnvidia-ml.so.1``;
     ``legacy``: as an older driver's, without the ``_v3`` process lists,
-    ``nvmlDeviceGetMemoryInfo_v2`` and ``nvmlDeviceGetTemperatureV``."""
+    ``nvmlDeviceGetMemoryInfo_v2``, ``nvmlDeviceGetTemperatureV`` and
+    ``nvmlDeviceGetCurrentClocksEventReasons`` (fakenvml.c says which replace them)."""
     cc = _compiler()
     flags = (*CFLAGS, *LEGACY_CFLAGS) if legacy else CFLAGS
     target_dir = Path(out_dir) / _digest(cc, *flags)

@@ -8,8 +8,9 @@
  * every function definition then must match NVIDIA's prototype, and the static asserts below
  * pin struct sizes, offsets and constants to the values pynvml's ctypes structs use.
  * Legacy build (-DFAKENVML_LEGACY, build_fake(..., legacy=True)): an older driver, one that
- * lacks the _v3 process lists (it has _v2), nvmlDeviceGetMemoryInfo_v2 and
- * nvmlDeviceGetTemperatureV: pynvml then finds no such symbol (FUNCTION_NOT_FOUND).
+ * lacks the _v3 process lists (it has _v2), nvmlDeviceGetMemoryInfo_v2,
+ * nvmlDeviceGetTemperatureV and nvmlDeviceGetCurrentClocksEventReasons (it has
+ * ...ClocksThrottleReasons): pynvml then finds no such symbol (FUNCTION_NOT_FOUND).
  *
  * Scenario file: named by $FAKE_NVML_SCENARIO (no variable: one default GPU). Re-read when its
  * inode, size or mtime changes (checked at most every 10 ms, and at every nvmlInit*; tests can
@@ -174,7 +175,7 @@ _Static_assert(NVML_ERROR_GPU_IS_LOST == 15 && NVML_ERROR_NOT_SUPPORTED == 3 &&
     X(nvmlDeviceGetCurrentClocksEventReasons) X(nvmlDeviceGetComputeRunningProcesses_v3)          \
     X(nvmlDeviceGetGraphicsRunningProcesses_v3) X(nvmlDeviceGetMPSComputeRunningProcesses_v3)     \
     X(nvmlDeviceGetComputeRunningProcesses_v2) X(nvmlDeviceGetGraphicsRunningProcesses_v2)        \
-    X(nvmlDeviceGetMPSComputeRunningProcesses_v2)                                                 \
+    X(nvmlDeviceGetMPSComputeRunningProcesses_v2) X(nvmlDeviceGetCurrentClocksThrottleReasons)    \
     X(nvmlDeviceGetProcessUtilization) X(nvmlDeviceGetSupportedEventTypes) X(nvmlEventSetCreate)  \
     X(nvmlDeviceRegisterEvents) X(nvmlEventSetWait_v2) X(nvmlEventSetFree)                       \
     X(nvmlDeviceGetMaxMigDeviceCount) X(nvmlDeviceGetMigDeviceHandleByIndex)                      \
@@ -1293,11 +1294,23 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *curr
     DEV_RETURN(NVML_SUCCESS);
 }
 
+/* Drivers before the rename to "clocks event" reasons have only the "throttle" name; newer
+ * ones keep it, deprecated. */
+#ifndef FAKENVML_LEGACY
 EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
                                                            unsigned long long *clocksEventReasons) {
     DEV_ENTER(nvmlDeviceGetCurrentClocksEventReasons)
     if (!clocksEventReasons) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
     *clocksEventReasons = fk_u64(d, F_REASONS);
+    DEV_RETURN(NVML_SUCCESS);
+}
+#endif
+
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(
+    nvmlDevice_t device, unsigned long long *clocksThrottleReasons) {
+    DEV_ENTER(nvmlDeviceGetCurrentClocksThrottleReasons)
+    if (!clocksThrottleReasons) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *clocksThrottleReasons = fk_u64(d, F_REASONS);
     DEV_RETURN(NVML_SUCCESS);
 }
 
