@@ -282,6 +282,14 @@ INSTRUMENTS: tuple[Instrument, ...] = (
     ),
     Instrument("hw.status", UPDOWN, "1", "GPU status: 1 for the current hw.state", _status),
     Instrument(
+        "otel_gpu.gpu.xid.last",
+        GAUGE,
+        "{code}",
+        "Code of the last Xid event seen on the GPU, reported beside hw.status once the GPU is "
+        "lost (79: fallen off the bus)",
+        _per_gpu("xid_last"),
+    ),
+    Instrument(
         "otel_gpu.gpu.clock.frequency",
         GAUGE,
         "Hz",

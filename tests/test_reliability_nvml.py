@@ -1,6 +1,7 @@
 """RELIABILITY.md section A, the cases the older NVML suites leave open: every init failure
 code retried with backoff until it clears (2), NVML shut down under the agent by someone else
-and close() with a call in flight (15), many threads at once while GPUs come and go (14), and,
+and close() with a call in flight (15), many threads at once while GPUs come and go (14), a
+GPU falling off the bus, exported as failed with its last Xid (5), no pending Xid (12), and,
 end to end under ``otel-gpu run``, no library or no GPU without a crash loop (1, 4), and an
 ``nvmlInit`` that hangs, aborts or segfaults without delaying or killing the job (3, 10).
 """
@@ -19,10 +20,13 @@ from pathlib import Path
 
 import pytest
 from fakenvml.fixtures import FakeNvml
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from test_cli import CLI, _env
 from test_isolation import _console_points
 
-from otel_gpu.sampling.snapshot import STATUS_FAILED, STATUS_OK
+from otel_gpu import metrics
+from otel_gpu.sampling.snapshot import STATUS_FAILED, STATUS_OK, Snapshot
 
 
 class ManualClock:
@@ -149,14 +153,15 @@ def test_many_threads_sampling_while_gpus_come_and_go(fake_nvml: FakeNvml):
 def test_a_gpu_falling_off_the_bus_after_xid_79(fake_nvml: FakeNvml):
     """Xid 79 ("fallen off the bus"), then every call on that GPU says GPU_IS_LOST: the Xid is
     counted, the GPU turns failed with no values at all (no stale repeats, not even of its
-    Xid count), it is probed once per lost_retry_s (no tight error loop, one log line), and
-    the other GPU keeps reporting throughout."""
+    Xid count) but the code of its last Xid, it is probed once per lost_retry_s (no tight
+    error loop, one log line), and the other GPU keeps reporting throughout."""
     clock = ManualClock()
     src = fake_nvml.source(clock=clock, lost_retry_s=30)
     src.sample([])
     fake_nvml.append("gpu.1.xid = 79")
     gpus = {g.index: g for g in src.sample([]).gpus}
     assert gpus[1].xid_errors == 1 and gpus[1].status == STATUS_OK
+    assert (gpus[0].xid_last, gpus[1].xid_last) == (None, 79)
     fake_nvml.append("fail.*.1 = GPU_IS_LOST")
     on_gpu1 = fake_nvml.call_count("*", gpu=1)
     for _ in range(20):  # 20 sweeps, one a second
@@ -166,11 +171,51 @@ def test_a_gpu_falling_off_the_bus_after_xid_79(fake_nvml: FakeNvml):
         lost = gpus[1]
         assert lost.status == STATUS_FAILED
         assert (lost.power_w, lost.memory_used, lost.xid_errors) == (None, None, None)
+        assert lost.xid_last == 79  # why it is lost, in every sweep
     assert fake_nvml.call_count("*", gpu=1) == on_gpu1 + 1  # the one call that found it lost
     clock.now += 15  # 35 s after the loss: one probe, which fails again
     src.sample([])
     assert fake_nvml.call_count("*", gpu=1) == on_gpu1 + 2
     assert src.error_counts["GPU_IS_LOST"] == 2
+
+
+def _points(snap: Snapshot) -> dict[str, dict[tuple, float]]:
+    """The agent's instruments collected once over ``snap``: name -> {attributes: value}."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    metrics.register(provider.get_meter("test"), lambda: snap)
+    out: dict[str, dict[tuple, float]] = {}
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                for p in m.data.data_points:
+                    out.setdefault(m.name, {})[tuple(sorted(p.attributes.items()))] = p.value
+    provider.shutdown()
+    return out
+
+
+def _of(points: dict[tuple, float], **attrs: str) -> list[float]:
+    return [v for key, v in points.items() if set(attrs.items()) <= set(key)]
+
+
+def test_a_lost_gpu_shows_failed_and_xid_79_together(fake_nvml: FakeNvml):
+    """The Xid and the loss arrive within one sweep, as they do when a GPU falls off the bus:
+    the exported points say, side by side, that GPU 1 is failed and that its last Xid was 79,
+    while GPU 0 reports ok and no Xid series (none was seen there)."""
+    clock = ManualClock()
+    src = fake_nvml.source(clock=clock)
+    uuids = [g.uuid for g in src.sample([]).gpus]
+    fake_nvml.append("gpu.1.xid = 13 79\nfail.*.1 = GPU_IS_LOST")
+    for _ in range(3):  # the loss and the code stay visible sweep after sweep
+        clock.now += 1
+        reading = src.sample([])
+        points = _points(Snapshot(time=clock.now, gpus=reading.gpus))
+        status = points["hw.status"]
+        assert _of(status, **{"hw.id": uuids[1], "hw.state": "failed"}) == [1]
+        assert _of(status, **{"hw.id": uuids[0], "hw.state": "ok"}) == [1]
+        assert list(points["otel_gpu.gpu.xid.last"].values()) == [79]
+        assert _of(points["otel_gpu.gpu.xid.last"], **{"hw.id": uuids[1]}) == [79]
+        assert not _of(points["hw.power"], **{"hw.id": uuids[1]})  # no stale values
 
 
 def test_no_xid_event_pending_is_normal_and_polled_once_per_sweep(fake_nvml: FakeNvml, caplog):

@@ -214,6 +214,7 @@ class NvmlSource:
                     name=dev.name,
                     status=status,
                     parent=dev.parent,
+                    xid_last=dev.xid_last,
                     **values,
                 )
             )
@@ -638,6 +639,7 @@ class NvmlSource:
                 dev = self._by_address.get(ctypes.cast(data.device, ctypes.c_void_p).value or 0)
                 if dev is not None and dev.xid_count is not None:
                     dev.xid_count += 1
+                    dev.xid_last = int(data.eventData)  # kept, and shown even once it is lost
                     values = sweep.fields.get(dev.key)
                     if values is not None and not dev.lost:
                         values["xid_errors"] = dev.xid_count

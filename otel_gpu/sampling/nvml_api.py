@@ -56,6 +56,46 @@ def function(*names: str) -> Callable[..., Any] | None:
     return next((getattr(pynvml, n) for n in names if hasattr(pynvml, n)), None)
 
 
+# The function each list of alternative symbols resolved to, per loaded library.
+_resolved: dict[tuple[str, ...], tuple[Any, Any]] = {}
+
+
+def newest_function(symbols: tuple[str, ...]) -> Any:
+    """The first of ``symbols`` (newest first) the loaded library has, as a ctypes function;
+    looked up once per library (a missing symbol costs pynvml a lock and a failed lookup on
+    every ask). None of them: FUNCTION_NOT_FOUND, so the metric is not asked again."""
+    lib = pynvml.nvmlLib
+    known = _resolved.get(symbols)
+    if known is not None and known[0] is lib:
+        return known[1]
+    for symbol in symbols:
+        try:
+            fn = pynvml._nvmlGetFunctionPointer(symbol)
+        except pynvml.NVMLError as err:
+            if err.value != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                raise
+            continue
+        _resolved[symbols] = (lib, fn)
+        return fn
+    raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+
+# Older drivers know only the "throttle" name; newer ones keep it, deprecated.
+CLOCKS_EVENT_REASONS = (
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+)
+
+
+def clocks_event_reasons(handle: Any) -> int:
+    """The device's clocks-event (throttle) reasons bitmask, under either name."""
+    reasons = ctypes.c_ulonglong()
+    ret = newest_function(CLOCKS_EVENT_REASONS)(handle, ctypes.byref(reasons))
+    if ret != pynvml.NVML_SUCCESS:
+        raise pynvml.NVMLError(ret)
+    return reasons.value
+
+
 def _milli(v: Any) -> float:
     return v / 1000.0
 
@@ -94,15 +134,7 @@ SCALARS: tuple[tuple[str, str, Callable[..., Any] | None, tuple[int, ...], Calla
     # (memory error type, counter type): corrected/uncorrected, volatile (since driver load)
     ("ecc_corrected", "ecc_corrected", function("nvmlDeviceGetTotalEccErrors"), (0, 0), int),
     ("ecc_uncorrected", "ecc_uncorrected", function("nvmlDeviceGetTotalEccErrors"), (1, 0), int),
-    (
-        "throttle",
-        "throttle_reasons",
-        function(
-            "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"
-        ),
-        (),
-        int,
-    ),
+    ("throttle", "throttle_reasons", clocks_event_reasons, (), int),
     ("mig", "mig_mode", function("nvmlDeviceGetMigMode"), (), lambda v: bool(v[0])),
 )
 # Metrics that change rarely or are costly to read, re-read every SLOW_PERIOD_S and reported
@@ -133,35 +165,42 @@ PROCESS_INFO = struct.Struct("=I4xQII")  # nvmlProcessInfo_t (v2/v3 entry), 24 b
 NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE for usedGpuMemory
 
 
-# Process lists: (metric, NVML symbol, pynvml's own function for old pynvml versions).
-COMPUTE = ("processes", "nvmlDeviceGetComputeRunningProcesses_v3", "ComputeRunningProcesses")
+# Process lists: (metric, NVML symbols newest first, pynvml's own function for old pynvml
+# versions). Drivers from before the _v3 lists have _v2, with the same 24-byte entry.
+COMPUTE = (
+    "processes",
+    ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"),
+    "ComputeRunningProcesses",
+)
 GRAPHICS = (
     "graphics_processes",
-    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    ("nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
     "GraphicsRunningProcesses",
 )
 MPS = (
     "mps_processes",
-    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    ("nvmlDeviceGetMPSComputeRunningProcesses_v3", "nvmlDeviceGetMPSComputeRunningProcesses_v2"),
     "MPSComputeRunningProcesses",
 )
-ProcessList = tuple[str, str, str]
+ProcessList = tuple[str, tuple[str, ...], str]
 
 
 def running_processes(handle: Any, which: ProcessList = COMPUTE) -> list[tuple[int, int | None]]:
     """(pid, used GPU bytes or None) of the processes on a device in one of NVML's lists:
-    compute, graphics, or MPS clients (under MPS the compute list shows only the MPS server).
+    compute, graphics, or MPS clients (under MPS the compute list shows only the MPS server),
+    through the ``_v3`` function or, on an older driver, the ``_v2`` one.
 
     NVML's two-call protocol, done here rather than by pynvml's
     ``nvmlDeviceGetComputeRunningProcesses`` because that builds a Python object per process:
-    for 8 GPUs x 64 processes it was 70 % of a sweep. The entry layout is pinned by tests
-    against pynvml's ``c_nvmlProcessInfo_v3_t``.
+    for 8 GPUs x 64 processes it was 70 % of a sweep (and, on a driver without ``_v3``, it
+    raises ``NVMLLibraryMismatchError``). The entry layout is pinned by tests against pynvml's
+    ``c_nvmlProcessInfo_v3_t``.
     """
     get_function = getattr(pynvml, "_nvmlGetFunctionPointer", None)
     if get_function is None:  # a pynvml without it: its own (slower) implementation
         listed = getattr(pynvml, f"nvmlDeviceGet{which[2]}")(handle)
         return [(p.pid, p.usedGpuMemory) for p in listed]
-    fn = get_function(which[1])
+    fn = newest_function(which[1])
     count = ctypes.c_uint(0)
     ret = fn(handle, ctypes.byref(count), None)
     if ret == pynvml.NVML_SUCCESS:
@@ -251,6 +290,7 @@ class Device:
     probing: bool = False  # a lost device being read again to see whether it is back
     probe_at: float = 0.0
     xid_count: int | None = None  # None: Xid events not available on this device
+    xid_last: int | None = None  # the code of the last Xid seen (None: none yet)
     util_seen_us: int = 0  # newest process-utilization sample timestamp seen (NVML µs)
     util_last: dict[int, tuple[float | None, float | None]] = field(default_factory=dict)
     util_at: float = 0.0  # time.monotonic() when util_last was read

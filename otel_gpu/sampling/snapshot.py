@@ -48,6 +48,9 @@ class GpuSample:
     ecc_uncorrected: int | None = None
     xid_errors: int | None = None  # Xid events seen since the agent started
     xid_codes: tuple[int, ...] = ()  # the Xid codes that arrived during this sweep
+    # The code of the last Xid seen on this GPU, in any sweep; still reported once the GPU is
+    # lost, as the reason why (Xid 79: fallen off the bus).
+    xid_last: int | None = None
     clock_sm_hz: float | None = None
     clock_mem_hz: float | None = None
     pcie_tx_bytes_per_s: float | None = None

@@ -2,7 +2,8 @@
 
 ``build_fake(out_dir)`` compiles ``fakenvml.c`` with the system C compiler into
 ``out_dir/<source hash>/libnvidia-ml.so.1`` (cached: a rebuild happens only when the sources or
-flags change). ``check_abi(out_dir)`` compiles the same source against NVIDIA's own ``nvml.h``
+flags change); ``build_fake(out_dir, legacy=True)`` builds an older driver's library, without
+the symbols newer drivers added (``-DFAKENVML_LEGACY``; see fakenvml.c). ``check_abi(out_dir)`` compiles the same source against NVIDIA's own ``nvml.h``
 (from the ``nvidia-nvml-dev`` wheel, ``$NVML_INCLUDE_DIR``, or a CUDA install), so every function
 definition must match NVIDIA's prototype and the static asserts pin struct sizes, offsets and
 constants; without ``nvml.h`` it reports ``ran=False`` rather than passing.
@@ -25,6 +26,7 @@ SOURCES = (HERE / "fakenvml.c", HERE / "fakenvml_types.h")
 LIB_NAME = "libnvidia-ml.so.1"
 CFLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-Werror", f"-Wl,-soname,{LIB_NAME}")
 ABI_CFLAGS = ("-c", "-O2", "-Wall", "-Werror", "-DFAKENVML_REAL_NVML_H")
+LEGACY_CFLAGS = ("-DFAKENVML_LEGACY",)
 
 
 @dataclass(frozen=True)
@@ -53,10 +55,14 @@ def _digest(*extra: str) -> str:
     return h.hexdigest()[:16]
 
 
-def build_fake(out_dir: str | os.PathLike[str]) -> Path:
-    """Compile the fake (cached by source hash) and return the path of ``libnvidia-ml.so.1``."""
+def build_fake(out_dir: str | os.PathLike[str], *, legacy: bool = False) -> Path:
+    """Compile the fake (cached by source hash) and return the path of ``libnvidia-ml.so.1``;
+    ``legacy``: as an older driver's, without the ``_v3`` process lists,
+    ``nvmlDeviceGetMemoryInfo_v2``, ``nvmlDeviceGetTemperatureV`` and
+    ``nvmlDeviceGetCurrentClocksEventReasons`` (fakenvml.c says which replace them)."""
     cc = _compiler()
-    target_dir = Path(out_dir) / _digest(cc, *CFLAGS)
+    flags = (*CFLAGS, *LEGACY_CFLAGS) if legacy else CFLAGS
+    target_dir = Path(out_dir) / _digest(cc, *flags)
     lib = target_dir / LIB_NAME
     if lib.exists():
         return lib
@@ -64,7 +70,7 @@ def build_fake(out_dir: str | os.PathLike[str]) -> Path:
     # Compile to a private name and rename: concurrent builds (xdist, several sessions) never
     # see a half-written library.
     tmp = target_dir / f".{LIB_NAME}.{os.getpid()}.tmp"
-    cmd = [cc, *CFLAGS, str(SOURCES[0]), "-o", str(tmp), "-lpthread"]
+    cmd = [cc, *flags, str(SOURCES[0]), "-o", str(tmp), "-lpthread"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"building the fake NVML failed: {' '.join(cmd)}\n{proc.stderr}")
@@ -117,6 +123,7 @@ def check_abi(out_dir: str | os.PathLike[str]) -> AbiCheck:
 if __name__ == "__main__":
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "build"
     print(build_fake(out))
+    print(build_fake(out, legacy=True))
     result = check_abi(out)
     print(result.detail)
     sys.exit(0 if result.ok or not result.ran else 1)

@@ -7,6 +7,10 @@
  * ABI proof: the same file compiles with -DFAKENVML_REAL_NVML_H -I<dir of NVIDIA's nvml.h>;
  * every function definition then must match NVIDIA's prototype, and the static asserts below
  * pin struct sizes, offsets and constants to the values pynvml's ctypes structs use.
+ * Legacy build (-DFAKENVML_LEGACY, build_fake(..., legacy=True)): an older driver, one that
+ * lacks the _v3 process lists (it has _v2), nvmlDeviceGetMemoryInfo_v2,
+ * nvmlDeviceGetTemperatureV and nvmlDeviceGetCurrentClocksEventReasons (it has
+ * ...ClocksThrottleReasons): pynvml then finds no such symbol (FUNCTION_NOT_FOUND).
  *
  * Scenario file: named by $FAKE_NVML_SCENARIO (no variable: one default GPU). Re-read when its
  * inode, size or mtime changes (checked at most every 10 ms, and at every nvmlInit*; tests can
@@ -45,7 +49,7 @@
  *                     piecewise: segment i from T_i seconds after t0 (a ramp in a segment
  *                     counts from its T_i); before the first T, the first segment
  * List fields:
- *   processes = PID:USED ...          compute processes (v3 two-call protocol); USED is bytes,
+ *   processes = PID:USED ...          compute processes (v2/v3 two-call protocol); USED is bytes,
  *                                     a ramp, or "na" (NVML_VALUE_NOT_AVAILABLE, 2^64-1)
  *   graphics_processes, mps_processes = PID:USED ...   the graphics and MPS-client lists
  *   process_util = PID:SM:MEM[:ENC:DEC] ...   one sample per period per PID (%)
@@ -76,7 +80,7 @@
  * ids 0xFFFFFFFF; entries of a MIG device's list carry its gi/ci, on either handle.
  * A MIG handle: a fixed address per (N, I), distinct from GPU handles and the same across
  * reloads. It serves nvmlDeviceGetUUID, GetName, GetMemoryInfo(_v2), the three
- * Get*RunningProcesses_v3, GetGpuInstanceId / GetComputeInstanceId (gi / ci),
+ * Get*RunningProcesses_v2/_v3, GetGpuInstanceId / GetComputeInstanceId (gi / ci),
  * GetDeviceHandleFromMigDeviceHandle (the GPU's handle) and IsMigDeviceHandle (1; 0 for a GPU
  * handle); the instance-id and parent functions give INVALID_ARGUMENT for a GPU handle.
  * GetMaxMigDeviceCount and GetMigDeviceHandleByIndex give INVALID_ARGUMENT for a MIG handle,
@@ -170,6 +174,8 @@ _Static_assert(NVML_ERROR_GPU_IS_LOST == 15 && NVML_ERROR_NOT_SUPPORTED == 3 &&
     X(nvmlDeviceGetPcieThroughput) X(nvmlDeviceGetTotalEccErrors) X(nvmlDeviceGetMigMode)         \
     X(nvmlDeviceGetCurrentClocksEventReasons) X(nvmlDeviceGetComputeRunningProcesses_v3)          \
     X(nvmlDeviceGetGraphicsRunningProcesses_v3) X(nvmlDeviceGetMPSComputeRunningProcesses_v3)     \
+    X(nvmlDeviceGetComputeRunningProcesses_v2) X(nvmlDeviceGetGraphicsRunningProcesses_v2)        \
+    X(nvmlDeviceGetMPSComputeRunningProcesses_v2) X(nvmlDeviceGetCurrentClocksThrottleReasons)    \
     X(nvmlDeviceGetProcessUtilization) X(nvmlDeviceGetSupportedEventTypes) X(nvmlEventSetCreate)  \
     X(nvmlDeviceRegisterEvents) X(nvmlEventSetWait_v2) X(nvmlEventSetFree)                       \
     X(nvmlDeviceGetMaxMigDeviceCount) X(nvmlDeviceGetMigDeviceHandleByIndex)                      \
@@ -1164,6 +1170,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
     DEV_RETURN(NVML_SUCCESS);
 }
 
+#ifndef FAKENVML_LEGACY /* an older driver: nvmlDeviceGetMemoryInfo and GetTemperature only */
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
     DEV_ENTER_ANY(nvmlDeviceGetMemoryInfo_v2)
     if (!memory) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
@@ -1176,6 +1183,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
     memory->free = used > total ? 0 : total - used;
     DEV_RETURN(NVML_SUCCESS);
 }
+#endif
 
 EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
                                                   nvmlUtilization_t *utilization) {
@@ -1216,6 +1224,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device,
     DEV_RETURN(NVML_SUCCESS);
 }
 
+#ifndef FAKENVML_LEGACY /* an older driver: nvmlDeviceGetMemoryInfo and GetTemperature only */
 EXPORT nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device,
                                               nvmlTemperature_t *temperature) {
     DEV_ENTER(nvmlDeviceGetTemperatureV)
@@ -1225,6 +1234,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device,
     temperature->temperature = (int)fk_eval(&d->f[F_TEMP], fk_now() - S->t0);
     DEV_RETURN(NVML_SUCCESS);
 }
+#endif
 
 #define FK_U32_GETTER(name, field)                                         \
     EXPORT nvmlReturn_t name(nvmlDevice_t device, unsigned int *out) {     \
@@ -1284,11 +1294,23 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *curr
     DEV_RETURN(NVML_SUCCESS);
 }
 
+/* Drivers before the rename to "clocks event" reasons have only the "throttle" name; newer
+ * ones keep it, deprecated. */
+#ifndef FAKENVML_LEGACY
 EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
                                                            unsigned long long *clocksEventReasons) {
     DEV_ENTER(nvmlDeviceGetCurrentClocksEventReasons)
     if (!clocksEventReasons) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
     *clocksEventReasons = fk_u64(d, F_REASONS);
+    DEV_RETURN(NVML_SUCCESS);
+}
+#endif
+
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(
+    nvmlDevice_t device, unsigned long long *clocksThrottleReasons) {
+    DEV_ENTER(nvmlDeviceGetCurrentClocksThrottleReasons)
+    if (!clocksThrottleReasons) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *clocksThrottleReasons = fk_u64(d, F_REASONS);
     DEV_RETURN(NVML_SUCCESS);
 }
 
@@ -1337,26 +1359,22 @@ static nvmlReturn_t fk_running_processes(const fk_dev *d, const fk_mig *m, int k
     return NVML_SUCCESS;
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
-                                                            unsigned int *infoCount,
-                                                            nvmlProcessInfo_t *infos) {
-    DEV_ENTER_ANY(nvmlDeviceGetComputeRunningProcesses_v3)
-    DEV_RETURN(fk_running_processes(d, m, 0, infoCount, infos));
-}
+/* The three lists in two versions with the same 24-byte entry: _v2 (the drivers that brought
+ * MIG) and _v3. A legacy build (FAKENVML_LEGACY) is an older driver that has only _v2. */
+#define FK_PROCESS_LIST(name, kind, entry)                                                 \
+    EXPORT nvmlReturn_t name(nvmlDevice_t device, unsigned int *infoCount, entry *infos) { \
+        DEV_ENTER_ANY(name)                                                                \
+        DEV_RETURN(fk_running_processes(d, m, kind, infoCount, infos));                    \
+    }
 
-EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device,
-                                                             unsigned int *infoCount,
-                                                             nvmlProcessInfo_t *infos) {
-    DEV_ENTER_ANY(nvmlDeviceGetGraphicsRunningProcesses_v3)
-    DEV_RETURN(fk_running_processes(d, m, 1, infoCount, infos));
-}
-
-EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device,
-                                                               unsigned int *infoCount,
-                                                               nvmlProcessInfo_t *infos) {
-    DEV_ENTER_ANY(nvmlDeviceGetMPSComputeRunningProcesses_v3)
-    DEV_RETURN(fk_running_processes(d, m, 2, infoCount, infos));
-}
+FK_PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses_v2, 0, nvmlProcessInfo_v2_t)
+FK_PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses_v2, 1, nvmlProcessInfo_v2_t)
+FK_PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v2, 2, nvmlProcessInfo_v2_t)
+#ifndef FAKENVML_LEGACY
+FK_PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses_v3, 0, nvmlProcessInfo_t)
+FK_PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses_v3, 1, nvmlProcessInfo_t)
+FK_PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v3, 2, nvmlProcessInfo_t)
+#endif
 
 EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
                                                     nvmlProcessUtilizationSample_t *utilization,

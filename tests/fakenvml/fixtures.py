@@ -3,6 +3,9 @@
 ``fake_nvml_library`` (session): builds the fake once (cached by source hash under
 ``tests/fakenvml/build/``) and returns the path of ``libnvidia-ml.so.1``.
 
+``fake_nvml_legacy_library`` (session) and ``legacy_nvml`` (per test): the same for the
+legacy build, an older driver's library (``build_fake(..., legacy=True)``).
+
 ``fake_nvml`` (per test): a :class:`FakeNvml` whose scenario file lives in ``tmp_path``; it sets
 ``FAKE_NVML_SCENARIO`` for this process (the fake reads it at every ``nvmlInit``) and gives
 ``env()`` for child processes (``LD_LIBRARY_PATH`` first, so pynvml's ``CDLL("libnvidia-ml.so.1")``
@@ -127,12 +130,14 @@ def fake_nvml_library() -> Path:
     return build_fake(BUILD_DIR)
 
 
-@pytest.fixture
-def fake_nvml(
-    fake_nvml_library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[FakeNvml]:
-    """A fake NVML with two default GPUs; ``write()`` a scenario to change it."""
-    fake = FakeNvml(fake_nvml_library, tmp_path)
+@pytest.fixture(scope="session")
+def fake_nvml_legacy_library() -> Path:
+    """Path of the legacy build of the fake: an older driver's ``libnvidia-ml.so.1``."""
+    return build_fake(BUILD_DIR, legacy=True)
+
+
+def _fake(library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeNvml]:
+    fake = FakeNvml(library, tmp_path)
     monkeypatch.setenv("FAKE_NVML_SCENARIO", str(fake.scenario_path))
     fake.write("devices = 2")
     fake.reset_counts()
@@ -140,3 +145,19 @@ def fake_nvml(
         yield fake
     finally:
         fake.close()
+
+
+@pytest.fixture
+def fake_nvml(
+    fake_nvml_library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[FakeNvml]:
+    """A fake NVML with two default GPUs; ``write()`` a scenario to change it."""
+    yield from _fake(fake_nvml_library, tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def legacy_nvml(
+    fake_nvml_legacy_library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[FakeNvml]:
+    """:func:`fake_nvml` on the legacy build (an older driver)."""
+    yield from _fake(fake_nvml_legacy_library, tmp_path, monkeypatch)
