@@ -206,8 +206,13 @@ def test_a_damaged_queue_row_is_skipped_counted_and_logged_once(tmp_path):
     try:
         assert down.wait_for(lambda: down.count("kept") == 8, timeout=30)
         health = re.search(r"health on (http://[^\s;]+)/healthz", second.output).group(1)  # type: ignore[union-attr]
-        with urllib.request.urlopen(health + "/stats", timeout=5) as r:
-            (fwd,) = json.loads(r.read())["forward"].values()
+        deadline = time.monotonic() + 20
+        while True:  # the downstream counts a call before the processor hears its answer
+            with urllib.request.urlopen(health + "/stats", timeout=5) as r:
+                (fwd,) = json.loads(r.read())["forward"].values()
+            if fwd["queued"] == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         assert fwd["queue_corrupt"] == 2 and fwd["queued"] == 0
         assert down.refused == 0  # no damaged bytes ever reached the downstream
         assert second.output.count("damaged request(s) skipped") == 1

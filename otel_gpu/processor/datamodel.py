@@ -1,4 +1,5 @@
-"""OTLP data-model checks that the wire format cannot express, on the fully parsed request.
+"""What a fully parsed export request holds, and the OTLP data-model checks on it that the
+wire format cannot express.
 
 The decoder judges the points of the series the detectors read (see decode.py); this module
 judges the points every downstream would misread whatever their metric: a Histogram whose
@@ -11,6 +12,8 @@ and forwards the rest of the request.
 from __future__ import annotations
 
 from typing import Any
+
+from otel_gpu.processor.wire import METRICS_EXPORT, TRACE_EXPORT
 
 Index = tuple[int, int, int, int]  # (resource_metrics, scope_metrics, metric, data_point)
 
@@ -47,3 +50,19 @@ def histogram_violations(req: Any) -> tuple[list[Index], str]:
                         bad.append((ri, si, mi, di))
                         first = first or f"{m.name}: {why}"
     return bad, first
+
+
+def count_items(method: str, req: Any) -> int:
+    """Data points, spans or log records in a parsed export request."""
+    if method == METRICS_EXPORT:
+        n = 0
+        for rm in req.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    kind = m.WhichOneof("data")
+                    if kind is not None:
+                        n += len(getattr(m, kind).data_points)
+        return n
+    if method == TRACE_EXPORT:
+        return sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+    return sum(len(sl.log_records) for rl in req.resource_logs for sl in rl.scope_logs)

@@ -43,7 +43,7 @@ from otel_gpu.processor.config import (
     format_hostport,
     parse_hostport,
 )
-from otel_gpu.processor.datamodel import histogram_violations
+from otel_gpu.processor.datamodel import count_items, histogram_violations
 from otel_gpu.processor.decode import strip_rejected
 from otel_gpu.processor.forward import Forwarder
 from otel_gpu.processor.health import HealthServer
@@ -387,7 +387,7 @@ class Processor:
         is accepted and dropped."""
         try:
             req = _PARSERS[method].FromString(raw)
-            items = _items(method, req)
+            items = count_items(method, req)
         except DecodeError as e:
             raise Refused(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -452,22 +452,6 @@ class Processor:
         if self._actions is not None and hasattr(self._actions, "stats"):
             out["actions"] = asdict(self._actions.stats)
         return out
-
-
-def _items(method: str, req: Any) -> int:
-    """Data points, spans or log records in a parsed export request."""
-    if method == METRICS_EXPORT:
-        n = 0
-        for rm in req.resource_metrics:
-            for sm in rm.scope_metrics:
-                for m in sm.metrics:
-                    kind = m.WhichOneof("data")
-                    if kind is not None:
-                        n += len(getattr(m, kind).data_points)
-        return n
-    if method == TRACE_EXPORT:
-        return sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
-    return sum(len(sl.log_records) for rl in req.resource_logs for sl in rl.scope_logs)
 
 
 def _read(path: str) -> bytes:
