@@ -58,6 +58,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from otel_gpu.detect.breaker import BreakerConfig
+from otel_gpu.detect.config import DetectConfig
 from otel_gpu.detect.engine import Engine
 from otel_gpu.processor import Downstream, Processor, ProcessorConfig
 from otel_gpu.processor.assemble import Assembler
@@ -116,6 +117,8 @@ CLIENT = textwrap.dedent(
 
 
 class _NullEngine:
+    config = DetectConfig()  # the processor reads its windows
+
     def observe(self, subject, point):  # type: ignore[no-untyped-def]
         return []
 

@@ -9,9 +9,15 @@ key; any other layout is parsed in full, so every valid encoding decodes the sam
 
 Each accepted point goes to a :class:`Sink` as ``(resource, kind, hw_id, pid, time_ns, field,
 value)``. A point of a routed metric is *rejected* when its value is NaN, infinite or missing,
-or its timestamp is zero, before ``min_time_unix_s`` or more than ``max_future_s`` ahead of the
-processor's clock; the caller reports those in ``partial_success`` and strips them from the
-forwarded copy (:func:`strip_rejected`).
+its timestamp is zero, before ``min_time_unix_s`` or more than ``max_future_s`` ahead of the
+processor's clock, or its start time is after its time; the caller reports those in
+``partial_success`` and strips them from the forwarded copy (:func:`strip_rejected`).
+
+Points that are valid on the wire but that the detectors cannot read are *ignored*: forwarded
+as they are, counted, never judged. Those are the points of a Sum whose temporality is not one
+OTLP defines (a newer sender's: the downstream may know it), and a monotonic cumulative Sum's
+point below the previous one of the same series and start time (a broken counter: judging it
+would read as errors going away).
 """
 
 from __future__ import annotations
@@ -130,6 +136,9 @@ _REPARSE = object()  # a data point not in the usual layout: parse it in full
 # time_unix_nano, 0x21 as_double, 0x31 as_int (field number << 3 | wire type 1, 64-bit).
 _VALUE_TAGS = (0x21, 0x31)
 _Key = bytes | tuple[bytes, ...]
+# AggregationTemporality: 1 DELTA, 2 CUMULATIVE (0 UNSPECIFIED is read as before: lenient).
+_CUMULATIVE = 2
+_KNOWN_TEMPORALITIES = (0, 1, 2)
 _U64 = struct.Struct("<Q").unpack_from
 _F64 = struct.Struct("<d").unpack_from
 _I64 = struct.Struct("<q").unpack_from
@@ -141,6 +150,7 @@ class Decoded:
 
     points: int = 0  # routed points accepted
     rejected: int = 0
+    ignored: int = 0  # routed points forwarded but not judged (see the module doc)
     first_error: str = ""
     # (resource_metrics, scope_metrics, metric, data_point) indexes of rejected points
     bad: list[tuple[int, int, int, int]] = field(default_factory=list)
@@ -230,6 +240,8 @@ class MetricsDecoder:
         self._entries = 0
         self._key_bytes = 0  # bytes of the attribute keys in _targets
         self._generation = -1
+        # (reporter, metric, attributes) -> (start time, value) of monotonic cumulative Sums
+        self._last_sum: dict[tuple[str, str, _Key], tuple[int, float]] = {}
 
     def _resolve(self, sink: Sink, res: ResourceInfo, kind: str, fld: int, pa: PointAttrs) -> Any:
         """What to do with points of this attribute set (cached by the caller)."""
@@ -269,6 +281,7 @@ class MetricsDecoder:
             or self._key_bytes > self._cache_bytes
         ):
             self._targets.clear()
+            self._last_sum.clear()
             self._entries = self._key_bytes = 0
             self._generation = sink.generation
         lo, hi = self._min_ns, now_ns + self._max_future_ns
@@ -306,11 +319,18 @@ class MetricsDecoder:
                         cache = by_metric[name] = {}
                     kind, fld = route
                     refused = 0  # new attribute sets the caps refused (see _FLOOD_REFUSALS)
-                    for di, b in enumerate(NumberDataRawView.FromString(data).data_points):
+                    points = NumberDataRawView.FromString(data)
+                    temporality = points.aggregation_temporality
+                    if temporality not in _KNOWN_TEMPORALITIES:
+                        out.ignored += len(points.data_points)
+                        continue
+                    counter = points.is_monotonic and temporality == _CUMULATIVE
+                    for di, b in enumerate(points.data_points):
                         # Fast path: the fixed-width head SDKs write (start time, time, value)
                         # read in place; the rest, the attributes, is the cache key as is.
                         o = 9 if b[:1] == b"\x11" else 0
                         if len(b) >= o + 18 and b[o] == 0x19 and b[o + 9] in _VALUE_TAGS:
+                            start = _U64(b, 1)[0] if o else 0
                             t = _U64(b, o + 1)[0]
                             v = (_F64 if b[o + 9] == 0x21 else _I64)(b, o + 10)[0] or 0
                             key: Any = b[o + 18 :]
@@ -324,16 +344,20 @@ class MetricsDecoder:
                             tg = _REPARSE
                         if tg is _REPARSE:
                             dp = NumberDataPointView.FromString(b)
+                            start = dp.start_time_unix_nano
                             t = dp.time_unix_nano
                             v = dp.as_double or dp.as_int
                             has_value = dp.WhichOneof("value") is not None
                             key = tuple(dp.attributes)
                             tg = cache.get(key)
-                        if not (lo < t < hi) or not isfinite(v) or not has_value:
+                        if not (lo < t < hi) or not isfinite(v) or not has_value or start > t:
                             out.rejected += 1
                             out.bad.append((ri, si, mi, di))
                             if not out.first_error:
-                                out.first_error = _why(name, t, v, lo, hi)
+                                out.first_error = _why(name, start, t, v, lo, hi)
+                            continue
+                        if counter and self._decreased(res.label, name, key, start, v):
+                            out.ignored += 1
                             continue
                         accepted += 1
                         if tg is None:
@@ -363,12 +387,26 @@ class MetricsDecoder:
         out.points = accepted
         return out
 
+    def _decreased(self, reporter: str, name: str, key: _Key, start: int, v: float) -> bool:
+        """Whether a monotonic cumulative Sum's point is below the last one of its series and
+        start time (a new start time is a reset, allowed); remembers the highest seen."""
+        series = (reporter, name, key)
+        last = self._last_sum.get(series)
+        if last is not None and last[0] == start and v < last[1]:
+            return True
+        if last is None:
+            self._entries += 1
+        self._last_sum[series] = (start, v)
+        return False
 
-def _why(name: str, t: int, v: float, lo: int, hi: int) -> str:
+
+def _why(name: str, start: int, t: int, v: float, lo: int, hi: int) -> str:
     if not math.isfinite(v):
         return f"{name}: value {v} is not a finite number"
     if not lo < t < hi:
         return f"{name}: timestamp {t} ns is outside the accepted range"
+    if start > t:
+        return f"{name}: start time {start} ns is after the point's time {t} ns"
     return f"{name}: data point has no value"
 
 
@@ -385,14 +423,15 @@ def _plain_tail(tail: bytes) -> bool:
 
 
 def strip_rejected(raw: bytes, bad: Iterable[tuple[int, int, int, int]]) -> bytes:
-    """Re-encode ``raw`` without the data points at ``bad`` (the rare slow path)."""
+    """Re-encode ``raw`` without the data points at ``bad`` (the rare slow path); fields this
+    OTLP version does not know are kept (protobuf carries unknown fields through)."""
     req = ExportMetricsServiceRequest.FromString(raw)
     by_metric: dict[tuple[int, int, int], list[int]] = {}
     for ri, si, mi, di in bad:
         by_metric.setdefault((ri, si, mi), []).append(di)
     for (ri, si, mi), indexes in by_metric.items():
         metric = req.resource_metrics[ri].scope_metrics[si].metrics[mi]
-        data = metric.gauge if metric.HasField("gauge") else metric.sum
+        data = getattr(metric, metric.WhichOneof("data"))  # gauge, sum or histogram
         for di in sorted(indexes, reverse=True):
             del data.data_points[di]
     return req.SerializeToString()

@@ -182,6 +182,7 @@ class Forwarder:
             "queued": self.depth(),
             "queued_bytes": self.queued_bytes(),
             "queue_errors": self.queue_errors,
+            "queue_corrupt": self._queue.corrupt,
             "durable": self.durable,
         }
 

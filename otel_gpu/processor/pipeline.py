@@ -48,7 +48,8 @@ class DetectionStats:
     """Counters since start (a snapshot)."""
 
     points: int = 0  # routed points accepted
-    rejected: int = 0  # routed points rejected (NaN, inf, bad timestamps)
+    rejected: int = 0  # routed points rejected (NaN, inf, bad timestamps, start after time)
+    ignored: int = 0  # routed points forwarded but not judged (see decode.py)
     late: int = 0  # points older than their subject's latest
     overflow: int = 0  # points refused because --max-series subjects are tracked
     subjects: int = 0  # subjects tracked now
@@ -144,6 +145,7 @@ class Detection:
                 self._publish(wall)
             self._stats.points += decoded.points
             self._stats.rejected += decoded.rejected
+            self._stats.ignored += decoded.ignored
         return decoded
 
     def tick(self, now: float | None = None, final: bool = False) -> None:

@@ -9,7 +9,9 @@ one committed row before the client is answered, so it survives a processor rest
 ``kill -9`` and is sent after the restart; a row is deleted in the same transaction that records
 its delivery. SQLite rather than hand-written segment files because its commit is atomic (a
 kill mid-write leaves the last committed state, never a torn record) and a damaged file is
-detected, not misread. ``synchronous=NORMAL`` in WAL mode survives a process crash; an OS crash
+detected, not misread. Each row also carries the CRC-32 of its payload: a row damaged inside an
+intact file (a bit flip, a stray write) is skipped, counted in ``corrupt`` and logged once,
+and the rows around it are still delivered. ``synchronous=NORMAL`` in WAL mode survives a process crash; an OS crash
 or power loss may lose the last commits (as the Collector's queue without fsync). Delivery is
 at-least-once across a crash: a request being sent when the processor dies is sent again.
 """
@@ -24,6 +26,7 @@ import re
 import sqlite3
 import threading
 import time
+import zlib
 from collections import deque
 from typing import Protocol
 
@@ -34,6 +37,7 @@ class ForwardQueue(Protocol):
     """What the forwarder needs from a queue (items are ``(id, method, payload)``)."""
 
     errors: int  # failed disk writes or reads
+    corrupt: int  # damaged requests skipped
     failing: bool  # the last disk write or read failed
 
     def put(self, method: str, payload: bytes) -> bool: ...
@@ -61,6 +65,7 @@ class MemoryQueue:
         self._next = 0
         self._lock = threading.Lock()
         self.errors = 0  # stays 0: the memory queue cannot fail to write
+        self.corrupt = 0  # stays 0: nothing in memory is damaged
         self.failing = False
 
     def room(self, size: int) -> bool:
@@ -113,7 +118,10 @@ def _batch(items: list[tuple[int, str, bytes]], max_bytes: int) -> list[tuple[in
     return out
 
 
-_SCHEMA = "CREATE TABLE IF NOT EXISTS queue (id INTEGER PRIMARY KEY, method TEXT NOT NULL, payload BLOB NOT NULL)"
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS queue (id INTEGER PRIMARY KEY, method TEXT NOT NULL, "
+    "payload BLOB NOT NULL, crc INTEGER)"
+)
 
 
 def queue_file(directory: str, target: str) -> str:
@@ -130,6 +138,8 @@ class DiskQueue:
         self._lock = threading.Lock()
         self.errors = 0  # writes or reads the disk refused (a full disk, I/O errors)
         self.failing = False  # the last disk operation failed (until one succeeds)
+        self.corrupt = 0  # requests skipped because their payload no longer matches its CRC
+        self._corrupt_warned = False
         try:
             self._db = self._open(path)
         except sqlite3.OperationalError:
@@ -161,6 +171,9 @@ class DiskQueue:
             # is taken by the first write and held until the connection closes.
             db.execute("PRAGMA locking_mode=EXCLUSIVE")
             db.execute(_SCHEMA)
+            columns = [r[1] for r in db.execute("PRAGMA table_info(queue)")]
+            if "crc" not in columns:  # a queue file from before the checksum: rows NULL, trusted
+                db.execute("ALTER TABLE queue ADD COLUMN crc INTEGER")
             db.execute("BEGIN IMMEDIATE")
             db.execute("COMMIT")
         except sqlite3.DatabaseError:
@@ -175,8 +188,9 @@ class DiskQueue:
             log.error("forward queue %s: %s failed: %s", self.path, what, e)
 
     def room(self, size: int) -> bool:
-        """Whether a request of ``size`` bytes would fit now (and the disk is writing)."""
-        return not self.failing and self._size + size <= self._max_bytes
+        """Whether a request of ``size`` bytes would fit now. A failing disk is not refused
+        here: the next ``put`` tries it again, so the queue recovers once the disk has room."""
+        return self._size + size <= self._max_bytes
 
     def put(self, method: str, payload: bytes) -> bool:
         """Commit one request; False when the queue is full or the disk refuses it."""
@@ -185,7 +199,8 @@ class DiskQueue:
                 return False
             try:
                 self._db.execute(
-                    "INSERT INTO queue(method, payload) VALUES(?, ?)", (method, payload)
+                    "INSERT INTO queue(method, payload, crc) VALUES(?, ?, ?)",
+                    (method, payload, zlib.crc32(payload)),
                 )
             except sqlite3.Error as e:
                 self._failed("write", e)
@@ -199,12 +214,34 @@ class DiskQueue:
         with self._lock:
             try:
                 rows = self._db.execute(
-                    "SELECT id, method, payload FROM queue ORDER BY id LIMIT ?", (limit,)
+                    "SELECT id, method, payload, crc FROM queue ORDER BY id LIMIT ?", (limit,)
                 ).fetchall()
             except sqlite3.Error as e:
                 self._failed("read", e)
                 return []
-        return _batch([(int(i), str(m), bytes(p)) for i, m, p in rows], max_bytes)
+        items: list[tuple[int, str, bytes]] = []
+        damaged: list[int] = []
+        for i, m, p, crc in rows:
+            if not isinstance(p, bytes) or (crc is not None and zlib.crc32(p) != crc):
+                damaged.append(int(i))
+            else:
+                items.append((int(i), str(m), p))
+        if damaged:
+            self._skip(damaged)
+        return _batch(items, max_bytes)
+
+    def _skip(self, ids: list[int]) -> None:
+        """Drop damaged rows: sending them would cost the downstream call the others share."""
+        self.corrupt += len(ids)
+        if not self._corrupt_warned:  # once per queue: further ones are counted
+            self._corrupt_warned = True
+            log.warning(
+                "forward queue %s: %d damaged request(s) skipped (checksum mismatch); further "
+                "ones are counted in /stats forward.queue_corrupt",
+                self.path,
+                len(ids),
+            )
+        self.ack(ids)
 
     def ack(self, ids: list[int]) -> None:
         with self._lock:

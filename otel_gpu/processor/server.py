@@ -43,6 +43,7 @@ from otel_gpu.processor.config import (
     format_hostport,
     parse_hostport,
 )
+from otel_gpu.processor.datamodel import count_items, histogram_violations
 from otel_gpu.processor.decode import strip_rejected
 from otel_gpu.processor.forward import Forwarder
 from otel_gpu.processor.health import HealthServer
@@ -324,42 +325,69 @@ class Processor:
         disk fails), refuse with a retry delay, before detection sees the data, so that the
         client keeps it and sends it again. A memory queue drops and counts instead: a dead
         downstream must not stop detection for everyone."""
+        if self._store.disk_full:
+            # History that cannot be kept means a restart would forget open breakers and
+            # notify again: the client keeps its data until the disk has room.
+            raise Refused(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the state store {self.config.state_path} cannot be written (disk full or "
+                "file-size limit); retry later",
+                self.config.retry_after_s,
+            )
         for f in self.forwarders:
             if f.durable and not f.room(size):
                 raise Refused(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"the disk queue for {f.downstream.target} is full (--queue-dir-mib) or "
-                    "failing; retry later",
+                    f"the disk queue for {f.downstream.target} is full (--queue-dir-mib); "
+                    "retry later",
                     self.config.retry_after_s,
                 )
 
+    def _enqueue(self, method: str, payload: bytes) -> None:
+        """Queue an accepted request for every downstream. A disk queue that cannot write it
+        (a full disk, a file-size limit) refuses the request with a retry delay rather than
+        answering OK for data it did not keep; the forwarder counts the refusal."""
+        failed = [f for f in self.forwarders if not f.submit(method, payload) and f.durable]
+        if failed:
+            raise Refused(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the disk queue for {failed[0].downstream.target} cannot be written "
+                "(disk full or file-size limit); retry later",
+                self.config.retry_after_s,
+            )
+
     def export_metrics(self, method: str, raw: bytes) -> bytes:
         """Handle one encoded ExportMetricsServiceRequest; returns the encoded response."""
-        if not self._validate(method, raw):
+        items, req = self._validate(method, raw)
+        if not items:
             return b""
         self._check_room(len(raw))
+        bad, first_error = histogram_violations(req)
         decoded = self.detection.ingest_metrics(raw)
         self._count("metrics_requests")
         payload = raw
-        if decoded.rejected:
+        rejected = decoded.rejected + len(bad)
+        if rejected:
             self._count("rejected_requests")
-            payload = strip_rejected(raw, decoded.bad)
+            payload = strip_rejected(raw, decoded.bad + bad)
         if payload:
-            self._send(method, payload)
-        if not decoded.rejected:
+            self._enqueue(method, payload)
+        if not rejected:
             return b""
         return ExportMetricsServiceResponse(
             partial_success=ExportMetricsPartialSuccess(
-                rejected_data_points=decoded.rejected, error_message=decoded.first_error
+                rejected_data_points=rejected, error_message=decoded.first_error or first_error
             )
         ).SerializeToString()
 
-    def _validate(self, method: str, raw: bytes) -> int:
+    def _validate(self, method: str, raw: bytes) -> tuple[int, Any]:
         """Parse ``raw`` in full (framing, every field's type, UTF-8 strings): INVALID_ARGUMENT
         for anything a strict downstream could refuse to decode. Returns how many items (data
-        points, spans, log records) it holds; a request with none is accepted and dropped."""
+        points, spans, log records) it holds, and the parsed request; a request with no items
+        is accepted and dropped."""
         try:
-            items = _items(method, _PARSERS[method].FromString(raw))
+            req = _PARSERS[method].FromString(raw)
+            items = count_items(method, req)
         except DecodeError as e:
             raise Refused(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -367,14 +395,14 @@ class Processor:
             ) from None
         if not items:
             self._count("empty_requests")
-        return items
+        return items, req
 
     def _export_opaque(self, method: str, raw: bytes) -> bytes:
-        if not self._validate(method, raw):
+        if not self._validate(method, raw)[0]:
             return b""
         self._check_room(len(raw))
         self._count("traces_requests" if method == TRACE_EXPORT else "logs_requests")
-        self._send(method, raw)
+        self._enqueue(method, raw)
         return b""
 
     def _send(self, method: str, payload: bytes) -> None:
@@ -424,22 +452,6 @@ class Processor:
         if self._actions is not None and hasattr(self._actions, "stats"):
             out["actions"] = asdict(self._actions.stats)
         return out
-
-
-def _items(method: str, req: Any) -> int:
-    """Data points, spans or log records in a parsed export request."""
-    if method == METRICS_EXPORT:
-        n = 0
-        for rm in req.resource_metrics:
-            for sm in rm.scope_metrics:
-                for m in sm.metrics:
-                    kind = m.WhichOneof("data")
-                    if kind is not None:
-                        n += len(getattr(m, kind).data_points)
-        return n
-    if method == TRACE_EXPORT:
-        return sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
-    return sum(len(sl.log_records) for rl in req.resource_logs for sl in rl.scope_logs)
 
 
 def _read(path: str) -> bytes:

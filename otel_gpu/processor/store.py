@@ -10,9 +10,10 @@ open, and since actions fire only on transitions, nothing already notified is se
 The store never stalls or crash-loops the processor: a file that is not a readable SQLite
 database is moved aside (one warning) and a fresh store begins; a file locked by another process
 or a full disk makes writes fail fast (0.2 s lock timeout), each failure is counted and the
-processor's ``/healthz`` says why, the newest breaker state is retried until it is written, and
-actions still fire: within the running process the breakers themselves keep the no-repeat
-guarantee.
+processor's ``/healthz`` says why, the newest breaker state and the unwritten history are
+retried (once a second) until they are written, and actions still fire: within the running
+process the breakers themselves keep the no-repeat guarantee. While the disk itself refuses the
+writes (:attr:`StateStore.disk_full`), the processor refuses new exports with a retry delay.
 """
 
 from __future__ import annotations
@@ -95,6 +96,12 @@ class StateStore:
         self.errors = 0  # failed writes
         self.lost = 0  # history batches dropped because the writer fell behind
         self.last_error = ""  # empty after a successful write
+        # The last write failed because the disk refused it (full, file-size limit, I/O
+        # error), not because another process holds the lock: new exports are then refused.
+        self.disk_full = False
+        # Batches a failed write could not store, retried with the next write (once a second
+        # while failing), so that a disk that fills up for a while loses no history.
+        self._unwritten: list[Batch] = []
         self.moved_aside = ""  # where a damaged file went
         try:
             self._db = self._open(path)
@@ -201,15 +208,26 @@ class StateStore:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and self._state is None and not self._closing:
+                while (
+                    not self._pending
+                    and self._state is None
+                    and not self._unwritten
+                    and not self._closing
+                ):
                     self._cond.wait()
-                if not self._pending and self._state is None:
+                if not self._pending and self._state is None and not self._unwritten:
                     return
                 batches = list(self._pending)
                 self._pending.clear()
                 state, self._state = self._state, None
                 self._busy = True
-            ok = self._write(state, batches)
+            ok = self._write(state, self._unwritten + batches)
+            if ok:
+                self._unwritten = []
+            else:
+                kept = self._unwritten + batches
+                self.lost += max(0, len(kept) - _MAX_PENDING)
+                self._unwritten = kept[-_MAX_PENDING:]
             if not ok and state is not None:
                 with self._cond:  # retried with the next batch, unless a newer state came
                     if self._state is None:
@@ -243,8 +261,12 @@ class StateStore:
                 if self._writes % 1000 == 0:
                     self._prune()
             except sqlite3.Error as e:
+                name = getattr(e, "sqlite_errorname", "")
+                # SQLITE_FULL is ENOSPC; EFBIG (a file-size limit) and EIO read as SQLITE_IOERR_*.
+                self.disk_full = name == "SQLITE_FULL" or name.startswith("SQLITE_IOERR")
                 self._failed(f"write failed: {e}")
                 return False
+        self.disk_full = False
         if self.last_error:
             log.warning("state store %s: writing again", self.path)
         self.last_error = ""
@@ -297,9 +319,13 @@ class StateStore:
         """Why health is degraded by the store, if it is."""
         if not self.last_error:
             return None
+        then = (
+            "exports are refused until it writes again"
+            if self.disk_full
+            else "detection and forwarding go on"
+        )
         return (
-            f"the state store {self.path} fails ({self.last_error}; {self.errors} failures); "
-            "detection and forwarding go on"
+            f"the state store {self.path} fails ({self.last_error}; {self.errors} failures); {then}"
         )
 
     def flush(self, timeout_s: float = 5.0) -> bool:

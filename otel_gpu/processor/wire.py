@@ -70,10 +70,18 @@ def _build_views() -> dict[str, Any]:
     )
     # Gauge and Sum both keep their points in field 1, each read as its bytes; a point that is
     # not in the usual layout is then parsed as a NumberDataPoint.
-    message("NumberDataRaw", ("data_points", 1, byt, True, None))
+    # A Gauge has no fields 2 and 3; a Sum's aggregation_temporality stays an int (an unknown
+    # value is kept, not lost) and is_monotonic a bool.
+    message(
+        "NumberDataRaw",
+        ("data_points", 1, byt, True, None),
+        ("aggregation_temporality", 2, _F.TYPE_INT32, False, None),
+        ("is_monotonic", 3, _F.TYPE_BOOL, False, None),
+    )
     message(
         "NumberDataPoint",
         ("attributes", 7, byt, True, None),
+        ("start_time_unix_nano", 2, _F.TYPE_FIXED64, False, None),
         ("time_unix_nano", 3, _F.TYPE_FIXED64, False, None),
         ("as_double", 4, _F.TYPE_DOUBLE, False, None),
         ("as_int", 6, _F.TYPE_SFIXED64, False, None),
