@@ -4,8 +4,9 @@
 
 Setup: the fake libnvidia-ml with 8 GPUs x 64 GPU processes (64 real, sleeping child
 processes, eight per GPU). Ours: ``otel-gpu run --interval 1 --export-interval 5`` launching
-the job that owns those 64 processes, exporting OTLP gRPC to a sink on 127.0.0.1, detection on:
-the wrapper process plus its sampling helper process are measured (not the job). The peer:
+the job that owns those 64 processes, exporting OTLP gRPC to a sink on 127.0.0.1, detection on,
+``--quiet`` (no live view: the peer draws nothing either; the view's own cost is measured by
+bench_view.py): the wrapper process plus its sampling helper process are measured (not the job). The peer:
 ``nvitop-exporter --interval 1`` (installed by this script into its own virtualenv, cached in
 ``--venv``), reading the same fake and the same processes, scraped over HTTP every 5 s.
 
@@ -135,8 +136,8 @@ def measure(seconds: float, lib: Path, work: Path, peer: Path, sink: OtlpSink) -
     env["OTEL_GPU_LOCK_DIR"] = str(work)
     env["PYTHONPATH"] = f"{ROOT}:{env.get('PYTHONPATH', '')}"
     ours = subprocess.Popen(
-        [sys.executable, "-m", "otel_gpu.cli", "run", "--interval", "1", "--export-interval",
-         "5", "--", sys.executable, "-c", JOB],
+        [sys.executable, "-m", "otel_gpu.cli", "run", "--quiet", "--interval", "1",
+         "--export-interval", "5", "--", sys.executable, "-c", JOB],
         stdout=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     assert ours.stdout is not None

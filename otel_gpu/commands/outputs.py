@@ -85,7 +85,10 @@ class RunOutputs:
                 self.summary.observe(subject, point, names.get(subject))
             self.summary.take_trends(sweep.engine)
 
-        on_sweeps(sampler, watchdog, summarise)
+        # The summary is shown unless --quiet, and written with --summary-json: without either
+        # nobody reads it, so its per-sweep bookkeeping is not paid for.
+        if not self.quiet or self.summary_json is not None:
+            on_sweeps(sampler, watchdog, summarise)
         if self.recorder is not None:
             on_sweeps(sampler, watchdog, self.recorder.on_sweep)
 
