@@ -85,14 +85,21 @@ def _otlp_exporter(settings: Settings, export_health: ExportHealth | None) -> Me
         raise UsageError(
             f"cannot configure the OTLP exporter from the OTEL_EXPORTER_OTLP_* settings: {exc}"
         ) from None
-    target = settings.endpoint or os.environ.get(
-        "OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4317"
-    )
-    what = f"metric export to {target}"
+    what = f"metric export to {shown_endpoint(settings.endpoint)}"
     PartialSuccessReport(
         what, export_health.record_rejected if export_health is not None else None
     ).attach(exporter)
     return EpisodeReportingExporter(exporter, what)
+
+
+def shown_endpoint(endpoint: str | None) -> str:
+    """The OTLP endpoint as logs and the view show it: scheme, host and port only (a URL may
+    carry credentials in its user part or its query)."""
+    from urllib.parse import urlsplit
+
+    url = endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4317")
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
 
 
 class ScrapeEndpoint(PrometheusMetricReader):

@@ -23,7 +23,7 @@ from otel_gpu.errors import UsageError
 from otel_gpu.selfmetrics import ExportHealth, SamplingState
 
 MAX_WORKERS = 4
-CONNECTION_TIMEOUT_S = 5.0
+CONNECTION_TIMEOUT_S = 1.0  # to send the request line and headers: a probe needs far less
 
 Check = Callable[[], tuple[bool, str]]
 
@@ -33,13 +33,15 @@ def agent_check(sampling: SamplingState, exports: ExportHealth, export_grace_s: 
 
     def check() -> tuple[bool, str]:
         age = sampling.age()
-        snap = sampling.fresh()
-        if sampling.latest is None:
+        snap = sampling.latest
+        if snap is None:
             if age > sampling.stale_after_s:
                 return False, f"no snapshot since start {age:.0f} s ago"
             return True, "starting: no snapshot yet"
-        if snap is None:
-            return False, f"sampling stale: last snapshot {age:.0f} s ago"
+        if age > sampling.stale_after_s:
+            # A restarting sampler publishes its GPUs as unreadable: say why, still 503.
+            why = f": {snap.no_gpu_reason}" if snap.no_gpu_reason else ""
+            return False, f"sampling stale: last sample {age:.0f} s ago{why}"
         if snap.no_gpu_reason and not snap.gpus:
             reason = f"sampling fresh ({age:.1f} s), no GPU data: {snap.no_gpu_reason}"
         else:

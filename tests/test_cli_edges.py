@@ -212,3 +212,15 @@ def test_verbose_logs_what_the_agent_does() -> None:
     assert "sampling helper process started (PID" in loud.stderr
     assert "first sweep: 1 GPU(s), " in loud.stderr
     assert f"metric export to {sink.endpoint}: first export delivered" in loud.stderr
+
+
+def test_endpoint_credentials_never_reach_the_log() -> None:
+    port = _closed_port()
+    res = otel_gpu(
+        "run", "-v", "--quiet", "--simulate", "steady", "--export-interval", "0.5",
+        "--endpoint", f"http://agent:s3cr3t-t0ken@127.0.0.1:{port}", "--",
+        sys.executable, "-c", "import time; time.sleep(1.5)", env=_env(),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert f"metric export to http://127.0.0.1:{port} failed" in res.stderr
+    assert "s3cr3t" not in res.stderr

@@ -212,3 +212,29 @@ def test_instrumented_trainer_survives(fake_nvml: FakeNvml, tmp_path: Path, faul
         p.metric == "hw.gpu.memory.usage" and p.time_ns >= first_restart_time for p in points
     ), "no GPU metrics after the restart"
     _check_log(fault, proc.stderr)
+
+
+def test_sampling_works_in_a_process_holding_more_than_1024_files(tmp_path: Path) -> None:
+    """An instrumented trainer may hold thousands of files and sockets: the pipe from the
+    sampling helper then gets a descriptor above select()'s 1024 limit."""
+    code = """
+import os, resource, sys, time
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+from otel_gpu.agent import Agent
+from otel_gpu.config import Settings
+agent = Agent(Settings(interval_s=0.2, simulate="steady", detect=False), roots=[os.getpid()])
+agent.start()
+deadline = time.monotonic() + 20
+while agent.sampler.sweeps < 3 and time.monotonic() < deadline:
+    time.sleep(0.1)
+print(agent.sampler.sweeps, agent.sampler.restarts, flush=True)
+agent.shutdown(2.0)
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_env()
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    sweeps, restarts = map(int, proc.stdout.split())
+    assert sweeps >= 3 and restarts == 0, proc.stderr[-2000:]

@@ -332,3 +332,14 @@ def test_a_partial_success_is_counted_logged_once_and_not_sent_again(
     assert "hf_abcdefghijklmnopqrstuvwxyz0123" not in lines[0]  # the collector's text, redacted
     (spec,) = [i for i in selfmetrics.INSTRUMENTS if i.name.endswith("export.rejected_points")]
     assert [o.value for o in spec.read(e.sampler, e.health)] == [6]
+
+
+def test_partial_successes_are_still_read_after_the_exporter_reconnects(exporting) -> None:
+    # UNAVAILABLE makes the SDK exporter build a new channel and stub: the answer to the retry
+    # arrives through the stub factory, which must be watched too.
+    collector = ScriptedCollector([Refusal(grpc.StatusCode.UNAVAILABLE), Partial(3, "bad")])
+    with serving(collector) as endpoint:
+        e = exporting(endpoint, 10.0)
+        e.export_once()
+    assert len(collector.arrivals) == 2
+    assert e.health.rejected_points == 3 and e.health.failures == 0

@@ -146,7 +146,7 @@ def _check_writable(path: str, flag: str) -> None:
 def describe_export(settings: Any) -> str:
     """Where the metrics go, e.g. ``metrics over OTLP to http://localhost:4317`` (several
     exporters joined with "and"), or ``no metric export``."""
-    from urllib.parse import urlsplit
+    from otel_gpu.export import shown_endpoint
 
     said = []
     for name in settings.exporters:
@@ -156,12 +156,5 @@ def describe_export(settings: Any) -> str:
             port = os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464")
             said.append(f"metrics served for Prometheus on port {port}")
         elif name == "otlp":
-            endpoint = settings.endpoint or os.environ.get(
-                "OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4317"
-            )
-            parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-            # Only scheme, host and port: a URL may carry credentials.
-            said.append(
-                f"metrics over OTLP to {parts.scheme}://{parts.hostname}:{parts.port or ''}"
-            )
+            said.append(f"metrics over OTLP to {shown_endpoint(settings.endpoint)}")
     return " and ".join(said) or "no metric export"

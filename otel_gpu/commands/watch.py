@@ -64,9 +64,10 @@ def watch(args: argparse.Namespace) -> int:
     # Resolved now: a bad OTEL_GPU_* setting refuses to start, never runs the job unwatched.
     detection = DetectionSettings.load() if settings.detect else None
 
+    # The health port first: a bad or busy address is refused before a recording is created.
+    endpoints = AgentEndpoints(settings)
     outputs = RunOutputs(args, f"otel-gpu watch {name}")
     acquire_node_lock(settings.lock_dir)
-    endpoints = AgentEndpoints(settings)
     provider = meter_provider(
         settings,
         build_resource(args.service_name, [name], settings),

@@ -48,6 +48,7 @@ FRAME_HEADER = struct.Struct("!I")
 MAX_FRAME = 64 << 20  # a frame larger than this is a corrupt stream, not a snapshot
 EXIT_HUNG = 70  # the helper's exit code after it reported a hung sweep
 HEALTHY_AFTER_S = 300.0  # a helper that has run this long ends a failure episode
+SKIP_FOR_S = 600.0  # a PID whose /proc read hung is skipped this long
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,9 @@ def child_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     import otel_gpu
 
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(otel_gpu.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([package_parent, *keep])
+    # Appended: where otel_gpu came from must be importable, but must not shadow anything the
+    # user's PYTHONPATH (or the standard library) provides.
+    env["PYTHONPATH"] = os.pathsep.join([*keep, package_parent])
     env["OTEL_SDK_DISABLED"] = "true"
     env["OTEL_GPU_ROLE"] = "off"
     env.pop("OTEL_PYTHON_DISTRO", None)
@@ -148,7 +151,7 @@ class SamplerProcess(Published):
     """Runs the sampler in a helper process and republishes its snapshots here.
 
     The same reading surface as :class:`~otel_gpu.sampling.sampler.Sampler` (``latest``,
-    ``fresh()``, ``add_listener``, ``sweeps``, ``sample_once``); listeners run on this object's
+    ``fresh()``, ``age()``, ``add_listener``, ``sweeps``); listeners run on this object's
     supervisor thread, never on the job's threads.
     """
 
@@ -170,18 +173,17 @@ class SamplerProcess(Published):
         self._backoff_initial = backoff_initial_s
         self._backoff_max = backoff_max_s
         self._command = list(command or [sys.executable, "-m", "otel_gpu.sampling.worker"])
-        self._skip: set[int] = set(spec.skip_pids)
+        self._skip: dict[int, float] = dict.fromkeys(spec.skip_pids, clock())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._child: subprocess.Popen[bytes] | None = None
         self._child_lock = threading.Lock()
-        self._swept = threading.Condition()
         self.restarts = 0  # helpers started after the first
-        self.failures = 0  # helpers that died or hung
         self.last_failure: str | None = None
         self._episode_failures = 0
         self._started_at = 0.0
         self._hung_what: str | None = None  # what the helper said it hung in, before exiting
+        self._grace_s = 0.0  # how long stop() lets a helper exit by itself
         self._first_sweep_logged = False
 
     # -- public surface ---------------------------------------------------------------------
@@ -195,28 +197,16 @@ class SamplerProcess(Published):
         )
         self._thread.start()
 
-    def sample_once(self, timeout_s: float | None = None) -> Snapshot | None:
-        """Ask the helper for a sweep now and wait for it (tests, ``doctor``)."""
-        with self._swept:
-            seen = self.sweeps
-        self._send("sweep")
-        deadline = self._clock() + (self.kill_after_s if timeout_s is None else timeout_s)
-        with self._swept:
-            while self.sweeps == seen and not self._stop.is_set():
-                left = deadline - self._clock()
-                if left <= 0:
-                    return None
-                self._swept.wait(min(left, 0.5))
-        return self.latest
-
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the helper (asked, then killed at half the bound) and the supervisor."""
         self._stop.set()
         deadline = time.monotonic() + timeout_s
+        self._grace_s = max(0.0, timeout_s / 2)
         self._send("stop")
-        child = self._child
+        with self._child_lock:
+            child = self._child
         if child is not None:
-            self._end_child(child, max(0.0, timeout_s / 2))
+            self._end_child(child, self._grace_s)
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -230,7 +220,6 @@ class SamplerProcess(Published):
             what = "could not be started" if child is None else self._pump(child)
             if self._stop.is_set():
                 break
-            self.failures += 1
             self.last_failure = f"sampler process {what}"
             healthy_run = child is not None and self._clock() - self._started_at >= HEALTHY_AFTER_S
             if healthy_run:
@@ -238,12 +227,13 @@ class SamplerProcess(Published):
             self._report_failure(what, delay)
             self._wait_out(delay)
             delay = min(delay * 2.0, self._backoff_max)
-            self.restarts += 1
+            if not self._stop.is_set():
+                self.restarts += 1
 
     def _spawn(self) -> subprocess.Popen[bytes] | None:
         spec = replace(
             self.spec,
-            skip_pids=tuple(sorted(self._skip)),
+            skip_pids=tuple(sorted(self._skipped())),
             log_level=logging.getLogger("otel_gpu").getEffectiveLevel(),
             parent_pid=os.getpid(),
         )
@@ -267,6 +257,9 @@ class SamplerProcess(Published):
             pass  # it died at once; _pump sees the EOF
         with self._child_lock:
             self._child = child
+            stopping = self._stop.is_set()
+        if stopping:  # stop() ran while this helper was being started: it never saw it
+            self._end_child(child, 0.0)
         self.carry_errors()
         self._started_at = self._clock()
         self._first_sweep_logged = False
@@ -279,20 +272,28 @@ class SamplerProcess(Published):
         return child
 
     def _pump(self, child: subprocess.Popen[bytes]) -> str:
-        """Republish the helper's snapshots until it ends or stalls; how it ended."""
+        """Republish the helper's snapshots until it ends, stalls or is stopped; how it ended.
+        The helper is always ended, reaped and its pipes closed before this returns."""
         assert child.stdout is not None
         fd = child.stdout.fileno()
         frames = FrameReader()
         last = self._clock()
+        what: str | None = None
+        # poll, not select: the agent's process (a trainer) may hold more than 1024 files.
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         try:
             while True:
-                ready, _, _ = select.select([fd], [], [], 0.5)
+                ready = poller.poll(500)
                 if self._stop.is_set():
-                    return "stopped"
+                    what = "stopped"
+                    self._end_child(child, self._grace_s)
+                    break
                 if not ready:
                     if self._clock() - last > self.kill_after_s:
+                        what = "stopped delivering snapshots"
                         self._end_child(child, 0.0)
-                        return "stopped delivering snapshots"
+                        break
                     continue
                 data = os.read(fd, 1 << 20)
                 if not data:
@@ -301,22 +302,39 @@ class SamplerProcess(Published):
                     last = self._clock()
                     self._handle(message)
         except (OSError, ValueError, pickle.UnpicklingError) as exc:
-            log.debug("sampler stream broken: %s", exc)
+            what = f"sent a broken stream ({exc})"
             self._end_child(child, 0.0)
+        finally:
+            code = self._reap(child)
+        hung, self._hung_what = self._hung_what, None
+        if what is not None:
+            return what
+        return hung if code == EXIT_HUNG and hung else describe_exit(code)
+
+    def _reap(self, child: subprocess.Popen[bytes]) -> int | None:
+        """Wait for an ended helper (killing it if it lingers), close its pipes, forget it."""
         try:
             code = child.wait(timeout=2.0)
         except subprocess.TimeoutExpired:
-            self._end_child(child, 0.0)
+            with contextlib.suppress(OSError):
+                child.kill()  # our own helper process, never the job
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=2.0)
             code = child.returncode
-        finally:
-            with self._child_lock:
-                self._child = None
-            for pipe in (child.stdin, child.stdout):
-                if pipe is not None:
-                    with contextlib.suppress(OSError):
-                        pipe.close()
-        what, self._hung_what = self._hung_what, None
-        return what if code == EXIT_HUNG and what else describe_exit(code)
+        with self._child_lock:
+            self._child = None
+        for pipe in (child.stdin, child.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        return code
+
+    def _skipped(self) -> set[int]:
+        """PIDs whose /proc reads hung, for at most SKIP_FOR_S (a PID is reused; a transient
+        block, e.g. on the job's root, must not drop the process for the rest of the run)."""
+        now = self._clock()
+        self._skip = {pid: at for pid, at in self._skip.items() if now - at < SKIP_FOR_S}
+        return set(self._skip)
 
     def _handle(self, message: object) -> None:
         if not isinstance(message, tuple) or not message:
@@ -338,8 +356,6 @@ class SamplerProcess(Published):
                 )
                 self._episode_failures = 0
             self.publish(snap)
-            with self._swept:
-                self._swept.notify_all()
         elif message[0] == "hung":
             info = message[1] if len(message) > 1 and isinstance(message[1], dict) else {}
             pid = info.get("pid")
@@ -348,11 +364,13 @@ class SamplerProcess(Published):
             elif isinstance(pid, int):
                 self._hung_what = f"hung reading /proc/{pid}"
             if isinstance(pid, int):
-                self._skip.add(pid)
+                self._skip[pid] = self._clock()
                 log.warning(
-                    "a /proc read of PID %d hung for %.0f s; that process is no longer sampled",
+                    "a /proc read of PID %d hung for %.0f s; that process is not sampled for the "
+                    "next %.0f min",
                     pid,
                     self.spec.hang_after_s,
+                    SKIP_FOR_S / 60,
                 )
 
     def _report_failure(self, what: str, delay: float) -> None:

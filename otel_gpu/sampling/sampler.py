@@ -46,6 +46,7 @@ class Published:
         self.stale_after_s = stale_after(interval_s)
         self._clock = clock
         self._created = clock()
+        self._sampled_at: float | None = None  # arrival of the last sampled (not down) snapshot
         self._latest: tuple[Snapshot, float] | None = None
         self._listeners: list[Listener] = []
         self._failing_listeners: set[int] = set()
@@ -68,9 +69,10 @@ class Published:
         return entry[0]
 
     def age(self) -> float:
-        """Seconds since the last snapshot arrived (before the first: since this was built)."""
-        entry = self._latest
-        since = self._created if entry is None else entry[1]
+        """Seconds since the last sampled snapshot arrived (before the first: since this was
+        built). A "down" snapshot (published without notifying: the sampler is restarting) does
+        not count: it is a current fact for the instruments, but nothing was sampled."""
+        since = self._created if self._sampled_at is None else self._sampled_at
         return max(0.0, self._clock() - since)
 
     def nvml_errors(self) -> dict[str, int]:
@@ -90,9 +92,11 @@ class Published:
 
     def publish(self, snap: Snapshot, *, notify: bool = True) -> None:
         """Make ``snap`` the latest; then, with ``notify``, hand it to every listener."""
-        self._latest = (snap, self._clock())
+        now = self._clock()
+        self._latest = (snap, now)
         if not notify:
             return
+        self._sampled_at = now
         self._errors_now = snap.nvml_errors
         self.sweeps += 1
         for listener in list(self._listeners):

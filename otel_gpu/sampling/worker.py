@@ -3,8 +3,8 @@
 
 Reads one JSON :class:`~otel_gpu.sampling.isolated.SamplerSpec` line on stdin, then runs the
 ordinary :class:`~otel_gpu.sampling.sampler.Sampler` sweeps and writes each snapshot as one frame
-on stdout. Further stdin lines are commands (``sweep``: sweep now; ``stop``); end of stdin (the
-agent exited, however it died) ends the helper. A monitor thread ends a sweep stuck longer than
+on stdout. A ``stop`` line on stdin, or the end of stdin (the agent exited, however it died),
+ends the helper. A monitor thread ends a sweep stuck longer than
 ``hang_after_s`` by reporting the PID whose /proc read blocked and exiting, so the agent can
 start a helper that skips it.
 """
@@ -119,10 +119,7 @@ def main() -> int:
 
     def control() -> None:
         for line in sys.stdin:
-            command = line.strip()
-            if command == "sweep":
-                sampler.wake()
-            elif command == "stop":
+            if line.strip() == "stop":
                 break
         stop.set()  # end of stdin: the agent is gone or asked us to stop
         sampler.wake()
@@ -132,8 +129,10 @@ def main() -> int:
         while not stop.is_set():
             began = time.monotonic()
             monitor.busy_since = began
-            sampler.sample_once()
+            snap = sampler.sweep()
+            # Only the sweep is watched: a write to a busy agent may wait, it is no hang.
             monitor.busy_since = None
+            sampler.publish(snap)
             if spec.parent_pid and os.getppid() != spec.parent_pid:
                 break  # re-parented: the agent died without closing our stdin
             sampler.wait_next(began)
