@@ -114,6 +114,8 @@ class Setting:
     flag_const: object = None
     # Parser for the environment variable when it differs from the flag's (units).
     env_parse: Parser | None = None
+    # A flag that may be given more than once; the parser gets the list of its values.
+    repeat: bool = False
 
     def help(self) -> str:
         """The ``--help`` line: the doc, the variable and the default."""
@@ -173,6 +175,7 @@ def add_options(
             s.flag,
             dest=s.name,
             metavar=s.metavar,
+            action="append" if s.repeat else "store",
             default=(defaults or {}).get(s.name),
             help=s.help(),
         )

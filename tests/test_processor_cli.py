@@ -27,7 +27,7 @@ from test_processor_peers import (
 from otel_gpu.processor.wire import METRICS_EXPORT
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, **variables: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_GPU_")}
     return subprocess.run(
         [sys.executable, "-m", "otel_gpu.cli", "processor", *args],
@@ -35,25 +35,27 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
         cwd=ROOT,
-        env=env,
+        env={**env, **variables},
     )
 
 
 @pytest.mark.parametrize(
-    "args, fragment",
+    "args, variables, fragment",
     [
-        (["--listen", "nonsense"], "--listen 'nonsense' is not HOST:PORT"),
-        (["--forward", "127.0.0.1"], "--forward '127.0.0.1' is not HOST:PORT"),
-        (["--listen", "127.0.0.1:99999"], "port must be 1..65535"),
-        (["--tls-cert", "x.pem"], "--tls-cert and --tls-key go together"),
-        (["--tls-cert", "/nonexistent.pem", "--tls-key", "/k.pem"], "cannot read TLS file"),
-        (["--state", "/nonexistent-dir/x.db"], "cannot open it as a SQLite database"),
-        (["--stall-after", "-1"], "--stall-after must be a number of seconds > 0"),
-        (["--max-series", "many"], "--max-series: invalid int value"),
+        (["--listen", "nonsense"], {}, "--listen='nonsense': use HOST:PORT with a port from 0"),
+        (["--forward", "127.0.0.1"], {}, "--forward='127.0.0.1': use HOST:PORT, http://"),
+        (["--listen", "127.0.0.1:99999"], {}, "--listen='127.0.0.1:99999': use HOST:PORT"),
+        ([], {"OTEL_GPU_PROCESSOR_HEALTH": "x:y"}, "OTEL_GPU_PROCESSOR_HEALTH='x:y': use HOST"),
+        (["--tls-cert", "README.md"], {}, "--tls-cert='README.md': a TLS certificate and its"),
+        (["--tls-cert", "/nonexistent.pem", "--tls-key", "README.md"], {},
+         "--tls-cert='/nonexistent.pem': no such file; give the path of a readable PEM file"),
+        (["--state", "/nonexistent-dir/x.db"], {}, "cannot open it as a SQLite database"),
+        (["--stall-after", "-1"], {}, "--stall-after='-1': use a positive number of seconds"),
+        (["--max-series", "many"], {}, "--max-series='many': use a whole number, 1 or more"),
     ],
-)
-def test_bad_arguments_are_one_line_usage_errors(args, fragment):
-    r = cli(*args)
+)  # fmt: skip
+def test_bad_arguments_are_one_line_usage_errors(args, variables, fragment):
+    r = cli(*args, **variables)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in r.stderr

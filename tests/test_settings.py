@@ -112,18 +112,29 @@ def test_every_layer_reads_the_same_true_false_words(word: str, value: bool) -> 
     assert _booleans(word) == [value] * 5
 
 
-def test_help_of_each_watching_command_comes_from_the_declarations() -> None:
+def _help_line(s: Setting) -> str:
+    """A setting's help as argparse prints it (``%%`` is argparse's escape of ``%``)."""
+    return " ".join(s.help().replace("%%", "%").split())
+
+
+def test_help_of_each_command_comes_from_the_declarations() -> None:
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     for command in ("run", "watch", "sidecar"):
         text = " ".join(sub.choices[command].format_help().split())
         for s in config.AGENT_OPTIONS:
             assert s.flag is not None
             assert f"{s.flag}" in text
-            assert " ".join(s.help().split()) in text, (command, s.name)
-    for command, declared in (("sidecar", config.SIDECAR_OPTIONS), ("demo", DEMO_OPTIONS)):
+            assert _help_line(s) in text, (command, s.name)
+    from otel_gpu.processor.config import DECLARED as PROCESSOR
+
+    for command, declared in (
+        ("sidecar", config.SIDECAR_OPTIONS),
+        ("demo", DEMO_OPTIONS),
+        ("processor", PROCESSOR),
+    ):
         text = " ".join(sub.choices[command].format_help().split())
         for s in declared:
-            assert " ".join(s.help().split()) in text, (command, s.name)
+            assert _help_line(s) in text, (command, s.name)
 
 
 def _settings_rows() -> list[dict[str, str]]:
@@ -147,18 +158,34 @@ def _declared() -> list[Setting]:
     from otel_gpu.detect.breaker import DECLARED as BREAKER
     from otel_gpu.inference.readiness import DECLARED as READINESS
     from otel_gpu.inference.serving import DECLARED as SERVING
+    from otel_gpu.processor.config import DECLARED as PROCESSOR
 
-    return [*config.DECLARED, *tracing_settings.DECLARED, *BREAKER, *READINESS, *SERVING]
+    return [
+        *config.DECLARED, *tracing_settings.DECLARED, *BREAKER, *READINESS, *SERVING, *PROCESSOR
+    ]  # fmt: skip
+
+
+def _rows_of(setting: Setting) -> list[dict[str, str]]:
+    """The README rows of a setting: those naming its variable alone in a cell (`VAR`,
+    `VAR=false`, `VAR` (ms)), not one of a list; for a flag-only setting, those naming its
+    flag with no variable."""
+    if setting.env:
+        variable = re.compile(rf"^`{setting.env}(=[^`]*)?`( \(.*\))?$")
+        return [r for r in _settings_rows() if any(variable.match(c) for c in r.values())]
+    flag = re.compile(rf"^`{setting.flag}( |`)")
+    return [
+        r
+        for r in _settings_rows()
+        if flag.match(r.get("option", "")) and not (r.get("environment") or r.get("variable"))
+    ]
 
 
 @pytest.mark.parametrize("setting", _declared(), ids=lambda s: s.name)
 def test_readme_tables_match_the_declarations(setting: Setting) -> None:
-    """Each declared setting has a README row with its variable, flag, default and doc; every
-    row that names its variable shows the same default."""
-    # The variable alone in its cell (`VAR`, `VAR=false`, `VAR` (ms)), not one of a list.
-    variable = re.compile(rf"^`{setting.env}(=[^`]*)?`( \(.*\))?$")
-    rows = [r for r in _settings_rows() if any(variable.match(c) for c in r.values())]
-    assert rows, f"no README table row for {setting.env}"
+    """Each declared setting has a README row with its variable (or its flag, when it has no
+    variable), flag, default and doc; every row that names it shows the same default."""
+    rows = _rows_of(setting)
+    assert rows, f"no README table row for {setting.env or setting.flag}"
     for row in rows:
         default = row["default"].replace("`", "")
         assert default == setting.default.replace("`", ""), (setting.env, row)
@@ -194,6 +221,8 @@ def _with_objects() -> list[tuple[Setting, object]]:
     from otel_gpu.inference.readiness import ReadinessConfig
     from otel_gpu.inference.serving import DECLARED as SERVING
     from otel_gpu.inference.serving import ServingConfig
+    from otel_gpu.processor.config import DECLARED as PROCESSOR
+    from otel_gpu.processor.config import ProcessorConfig
 
     return [
         *((s, config.Settings()) for s in config.DECLARED),
@@ -201,11 +230,20 @@ def _with_objects() -> list[tuple[Setting, object]]:
         *((s, BreakerConfig()) for s in BREAKER),
         *((s, ReadinessConfig()) for s in READINESS),
         *((s, ServingConfig()) for s in SERVING),
+        *((s, ProcessorConfig()) for s in PROCESSOR),
     ]
 
 
 # Defaults shown in words, not as a value the setting accepts.
-SHOWN_IN_WORDS = {"—", "off", "SDK default", "10 s", "`<temp dir>/otel-gpu-<uid>` (created 0700)"}
+SHOWN_IN_WORDS = {
+    "—",
+    "off",
+    "none",
+    "in memory",
+    "SDK default",
+    "10 s",
+    "`<temp dir>/otel-gpu-<uid>` (created 0700)",
+}
 
 
 @pytest.mark.parametrize(

@@ -1,46 +1,66 @@
-"""Settings of the OTLP processor service, validated once at start.
+"""Settings of the OTLP processor service: each declared once, resolved once.
 
-Every bad value raises :class:`UsageError` naming the setting and what it accepts, so the CLI can
-print one line and exit 2.
+:data:`DECLARED` holds every setting the ``otel-gpu processor`` command takes (field, flag,
+``OTEL_GPU_PROCESSOR_*`` variable, parser with its bounds, shown default, one-line doc); its
+options, ``--help`` and the README table derive from it. :meth:`ProcessorConfig.load` resolves
+them (flag > variable > default) and refuses a bad value with one :class:`UsageError` line
+naming the flag or variable used. Direct construction (tests, embedders) is held to the same
+bounds, each refusal naming the field.
 """
 
 from __future__ import annotations
 
 import errno
 import ipaddress
-import math
+import os
 import re
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from otel_gpu.errors import UsageError
+from otel_gpu.settings import Parser, Setting, number, refuse, resolve, text
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0-9])?$")
+_MIB = 1024 * 1024
+# gRPC takes its message size limits as a C int.
+_GRPC_MAX_BYTES = 2**31 - 1
 
 
-def parse_hostport(value: str, setting: str, *, allow_port_zero: bool = True) -> tuple[str, int]:
-    """``HOST:PORT`` (IPv6 as ``[::1]:PORT``) -> (host, port); UsageError otherwise."""
-    raw = value.strip()
-    hint = f"{setting} {value!r} is not HOST:PORT (e.g. 127.0.0.1:4317)"
+def _split_hostport(raw: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` (IPv6 as ``[::1]:PORT``) -> (host, port); None when it is not one."""
     if raw.startswith("["):
         end = raw.find("]")
         if end < 0 or raw[end + 1 : end + 2] != ":":
-            raise UsageError(hint)
+            return None
         host, port_s = raw[1:end], raw[end + 2 :]
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
-            raise UsageError(hint) from None
+            return None
     else:
         host, sep, port_s = raw.rpartition(":")
         if not sep or not host or ":" in host or not _HOST_RE.match(host):
-            raise UsageError(hint)
-    if not port_s.isdigit():
-        raise UsageError(hint)
-    port = int(port_s)
-    if port > 65535 or (port == 0 and not allow_port_zero):
-        raise UsageError(f"{setting} {value!r}: port must be 1..65535")
-    return host, port
+            return None
+    if not port_s.isdigit() or int(port_s) > 65535:
+        return None
+    return host, int(port_s)
+
+
+def parse_hostport(value: str, setting: str, *, allow_port_zero: bool = True) -> tuple[str, int]:
+    """``HOST:PORT`` (IPv6 as ``[::1]:PORT``) -> (host, port); UsageError naming ``setting``
+    otherwise. Port 0 (pick a free port) only with ``allow_port_zero``."""
+    split = _split_hostport(str(value).strip())
+    if split is None or (split[1] == 0 and not allow_port_zero):
+        low = 0 if allow_port_zero else 1
+        refuse(
+            setting,
+            value,
+            f"use HOST:PORT with a port from {low} to 65535, e.g. 127.0.0.1:4317 "
+            "([::1]:4317 for IPv6)",
+        )
+    return split
 
 
 def format_hostport(host: str, port: int) -> str:
@@ -56,7 +76,7 @@ class Downstream:
     tls: bool = False
 
     @classmethod
-    def parse(cls, value: str) -> Downstream:
+    def parse(cls, value: str, source: str = "--forward") -> Downstream:
         """``HOST:PORT``, ``http://HOST:PORT`` (plaintext) or ``https://HOST:PORT`` (TLS)."""
         raw = value.strip()
         tls = False
@@ -64,13 +84,220 @@ class Downstream:
             if raw.lower().startswith(scheme):
                 raw, tls = raw[len(scheme) :].rstrip("/"), is_tls
                 break
-        host, port = parse_hostport(raw, "--forward", allow_port_zero=False)
-        return cls(format_hostport(host, port), tls)
+        split = _split_hostport(raw)
+        if split is None or split[1] == 0:
+            refuse(
+                source,
+                value,
+                "use HOST:PORT, http://HOST:PORT or https://HOST:PORT (TLS) with a port from 1 "
+                "to 65535, e.g. otelcol:4317",
+            )
+        return cls(format_hostport(*split), tls)
+
+
+# --- parsers: each takes the flag's or variable's text, or a field's value, unchanged ---------
+
+
+def _address(raw: object, source: str) -> str:
+    address = str(raw).strip()
+    parse_hostport(address, source)
+    return address
+
+
+def _forward(raw: object, source: str) -> tuple[Downstream, ...]:
+    """Comma-separated (the variable), repeated (the flag, a list) or already Downstreams."""
+    items = raw if isinstance(raw, (list, tuple)) else [raw]
+    out: list[Downstream] = []
+    for item in items:
+        if isinstance(item, Downstream):
+            out.append(item)
+            continue
+        out.extend(Downstream.parse(x, source) for x in str(item).split(",") if x.strip())
+    return tuple(out)
+
+
+def _token(raw: object, source: str) -> str:
+    token = str(raw)
+    if not token or any(c.isspace() for c in token):
+        # The value is a credential: it is never echoed.
+        raise UsageError(f"{source}: use a non-empty token without whitespace (value not shown)")
+    return token
+
+
+def _pem(raw: object, source: str) -> str:
+    path = text(raw, source)
+    if not os.access(path, os.R_OK):
+        problem = "no such file" if not os.path.exists(path) else "not readable"
+        refuse(source, raw, f"{problem}; give the path of a readable PEM file")
+    return path
+
+
+def _memory_limit(raw: object, source: str) -> int:
+    accepted = "use 0 (off) or a whole number of MiB, 64 or more"
+    mib = int(number(0, integer=True, accepted=accepted)(raw, source))
+    if 0 < mib < 64:
+        refuse(source, raw, accepted)
+    return mib
+
+
+def _in_bytes(parse: Parser) -> Parser:
+    """A size given in MiB, kept in bytes."""
+    return lambda raw, source: int(parse(raw, source) * _MIB)
+
+
+_SECONDS = number(0, low_open=True, accepted="use a positive number of seconds")
+_COUNT = number(1, integer=True, accepted="use a whole number, 1 or more")
+_BYTES = number(
+    1024, _GRPC_MAX_BYTES, integer=True, accepted="use a whole number of bytes, 1024 or more"
+)
+
+# Every setting of `otel-gpu processor`, declared once (README "Fleet-wide detection" lists
+# them; a test checks the table against these). Fields of ProcessorConfig.
+DECLARED = (
+    Setting(
+        "listen", "OTEL_GPU_PROCESSOR_LISTEN", _address,
+        "gRPC address to serve; containers pass 0.0.0.0:4317, port 0 picks a free one",
+        "127.0.0.1:4317", "--listen", "HOST:PORT",
+    ),
+    Setting(
+        "forward", "OTEL_GPU_PROCESSOR_FORWARD", _forward,
+        "downstream OTLP gRPC endpoints, comma-separated or the flag repeated; "
+        "`https://HOST:PORT` for TLS", "none", "--forward", "HOST:PORT", repeat=True,
+    ),
+    Setting(
+        "state_path", "OTEL_GPU_PROCESSOR_STATE", text,
+        "SQLite file keeping breaker state and alert history across restarts", "in memory",
+        "--state", "FILE",
+    ),
+    Setting(
+        "tls_cert", "OTEL_GPU_PROCESSOR_TLS_CERT", _pem,
+        "serve TLS with this PEM certificate chain; give its key too", "off", "--tls-cert", "PEM",
+    ),
+    Setting(
+        "tls_key", "OTEL_GPU_PROCESSOR_TLS_KEY", _pem, "PEM private key of the TLS certificate",
+        "—", "--tls-key", "PEM",
+    ),
+    Setting(
+        "token", "OTEL_GPU_PROCESSOR_TOKEN", _token,
+        "clients must send `authorization: Bearer TOKEN` (else UNAUTHENTICATED); prefer the "
+        "variable: arguments are visible in ps", "off", "--token", "TOKEN",
+    ),
+    Setting(
+        "health", "OTEL_GPU_PROCESSOR_HEALTH", _address,
+        "serve HTTP `/healthz` and `/stats` here", "off", "--health", "HOST:PORT",
+    ),
+    Setting(
+        "prometheus", "OTEL_GPU_PROCESSOR_PROMETHEUS", _address,
+        "serve the detector outputs as Prometheus /metrics here", "off", "--prometheus",
+        "HOST:PORT",
+    ),
+    Setting(
+        "queue_dir", "OTEL_GPU_PROCESSOR_QUEUE_DIR", text,
+        "keep each downstream's forward queue on disk in this directory: data accepted during "
+        "an outage survives a restart (even kill -9)", "in memory", "--queue-dir", "DIR",
+    ),
+    Setting(
+        "queue_dir_bytes", None,
+        _in_bytes(number(1, integer=True, accepted="use a whole number of MiB, 1 or more")),
+        "disk queue size per downstream, MiB; while it is full, exports are refused with a "
+        "retry delay", "1024", "--queue-dir-mib", "MIB",
+    ),
+    Setting(
+        "stall_after_s", None, _SECONDS,
+        "`/healthz` fails when no request was accepted for this many seconds after the first "
+        "one", "300", "--stall-after", "SECONDS",
+    ),
+    Setting(
+        "max_series", None, _COUNT,
+        "detection subjects tracked at once; more are counted as overflow", "20000",
+        "--max-series", "N",
+    ),
+    Setting(
+        "max_series_per_reporter", None, _COUNT,
+        "detection subjects one reporter (one resource identity) may hold, so one client "
+        "cannot take the slots of everyone", "2000", "--max-series-per-reporter", "N",
+    ),
+    Setting(
+        "max_inflight", None, _COUNT,
+        "concurrent requests before pushing back with RESOURCE_EXHAUSTED", "16",
+        "--max-inflight", "N",
+    ),
+    Setting(
+        "max_requests_per_s", None,
+        number(0, accepted="use a number of requests per second >= 0 (0 = unlimited)"),
+        "admission rate over all signals; 0 = unlimited", "0", "--max-requests-per-s", "R",
+    ),
+    Setting(
+        "retry_after_s", None, _SECONDS, "retry delay sent with a push-back, seconds", "1",
+        "--retry-after", "SECONDS",
+    ),
+    Setting(
+        "queue_requests", None, _COUNT,
+        "requests queued in memory per downstream before dropping", "2048", "--queue-size", "N",
+    ),
+    Setting(
+        "max_recv_bytes", None,
+        _in_bytes(number(0.001, 2047, accepted="use a size in MiB from 0.001 to 2047")),
+        "largest export request, MiB after decompression (as the Collector); larger ones get "
+        "RESOURCE_EXHAUSTED", "4", "--max-recv-mib", "MIB",
+    ),
+    Setting(
+        "memory_limit_mib", None, _memory_limit,
+        "resident memory limit, MiB; above 80 % of it exports are refused with "
+        "RESOURCE_EXHAUSTED and a retry delay (0 = off)", "1024", "--memory-limit-mib", "MIB",
+    ),
+    Setting(
+        "export_interval_s", None, _SECONDS, "how often detector metrics are sent, seconds",
+        "10", "--export-interval", "SECONDS",
+    ),
+    Setting(
+        "telemetry_interval_s", None,
+        number(0, accepted="use a number of seconds >= 0 (0 = never)"),
+        "how often the processor's own metrics are sent downstream, seconds; 0 = never", "30",
+        "--telemetry-interval", "SECONDS",
+    ),
+    Setting(
+        "flush_timeout_s", None, _SECONDS, "bound on the flush at shutdown, seconds", "5",
+        "--flush-timeout", "SECONDS",
+    ),
+)  # fmt: skip
+
+# Bounds of the fields no flag or variable sets, and of those a flag gives in other units.
+_FIELD_BOUNDS: dict[str, Parser] = {
+    "series_ttl_s": _SECONDS,
+    "assemble_grace_s": number(0, accepted="use a number of seconds >= 0"),
+    "forward_timeout_s": _SECONDS,
+    "forward_retry_s": number(0, accepted="use a number of seconds >= 0"),
+    "max_future_s": _SECONDS,
+    "queue_bytes": _COUNT,
+    "health_max_connections": _COUNT,
+    "queue_dir_bytes": _BYTES,
+    "max_recv_bytes": _BYTES,
+}
+_FIELD_CHECKS: dict[str, Parser] = {**{s.name: s.parse for s in DECLARED}, **_FIELD_BOUNDS}
+_BY_NAME = {s.name: s for s in DECLARED}
+
+
+def check_tls_pair(
+    values: Mapping[str, Any], origin: Mapping[str, str], named: Mapping[str, str]
+) -> None:
+    """A TLS certificate without its key, or a key without its certificate, is refused
+    naming the one given (``origin``) and the one missing (``named``)."""
+    cert, key = values.get("tls_cert"), values.get("tls_key")
+    if (cert is None) == (key is None):
+        return
+    given, missing = ("tls_cert", "tls_key") if key is None else ("tls_key", "tls_cert")
+    refuse(
+        origin[given],
+        values[given],
+        f"a TLS certificate and its key go together: give {named[missing]} too, or neither",
+    )
 
 
 @dataclass(frozen=True)
 class ProcessorConfig:
-    """Processor settings. Times are seconds; sizes are counts unless named ``_bytes``."""
+    """Processor settings. Times are seconds; sizes are counts unless named ``_bytes``.
+    :data:`DECLARED` documents the fields the command sets."""
 
     listen: str = "127.0.0.1:4317"  # gRPC listen address; port 0 picks a free port
     forward: tuple[Downstream, ...] = ()  # downstream OTLP gRPC endpoints (none by default)
@@ -79,6 +306,7 @@ class ProcessorConfig:
     tls_key: str | None = None  # PEM private key
     token: str | None = field(default=None, repr=False)  # bearer token clients must send
     health: str | None = None  # HOST:PORT of the HTTP health endpoint; None: off
+    prometheus: str | None = None  # HOST:PORT of a Prometheus /metrics endpoint; None: off
     stall_after_s: float = 300.0  # /healthz fails this long after the last accepted request
     max_series: int = 20_000  # detection subjects held at once; more are counted, not tracked
     series_ttl_s: float = 1800.0  # a subject silent this long (wall time) is forgotten
@@ -107,61 +335,23 @@ class ProcessorConfig:
     min_time_unix_s: float = 946_684_800.0  # points before 2000-01-01 are rejected
 
     def __post_init__(self) -> None:
-        parse_hostport(self.listen, "--listen")
-        if self.health is not None:
-            parse_hostport(self.health, "--health")
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise UsageError("--tls-cert and --tls-key go together: give both or neither")
-        if self.token is not None and (not self.token or any(c.isspace() for c in self.token)):
-            raise UsageError("the processor token must be non-empty and have no whitespace")
-        positive = (
-            ("stall_after_s", "--stall-after"),
-            ("series_ttl_s", "series_ttl_s"),
-            ("retry_after_s", "--retry-after"),
-            ("forward_timeout_s", "forward_timeout_s"),
-            ("export_interval_s", "--export-interval"),
-            ("flush_timeout_s", "--flush-timeout"),
-            ("max_future_s", "max_future_s"),
-        )
-        for attr, name in positive:
-            v = getattr(self, attr)
-            if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise UsageError(f"{name} must be a number of seconds > 0, got {v!r}")
-        non_negative = (
-            ("assemble_grace_s", "assemble_grace_s"),
-            ("max_requests_per_s", "--max-requests-per-s"),
-            ("forward_retry_s", "forward_retry_s"),
-            ("telemetry_interval_s", "--telemetry-interval"),
-        )
-        for attr, name in non_negative:
-            v = getattr(self, attr)
-            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise UsageError(f"{name} must be a number >= 0, got {v!r}")
-        counts = (
-            ("max_series", "--max-series"),
-            ("max_inflight", "--max-inflight"),
-            ("queue_requests", "--queue-size"),
-            ("queue_bytes", "queue_bytes"),
-            ("max_series_per_reporter", "--max-series-per-reporter"),
-            ("health_max_connections", "health_max_connections"),
-        )
-        for attr, name in counts:
-            v = getattr(self, attr)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise UsageError(f"{name} must be an integer >= 1, got {v!r}")
-        for attr, name, least in (
-            ("max_recv_bytes", "--max-recv-mib", 1024),
-            ("queue_dir_bytes", "--queue-dir-mib", 1024),
-        ):
-            v = getattr(self, attr)
-            if isinstance(v, bool) or not isinstance(v, int) or v < least:
-                raise UsageError(
-                    f"{name} gives {v!r} bytes, below the minimum of {least} bytes; "
-                    "give a size in MiB such as the default"
-                )
-        m = self.memory_limit_mib
-        if isinstance(m, bool) or not isinstance(m, int) or (m != 0 and m < 64):
-            raise UsageError(f"--memory-limit-mib must be 0 (off) or an integer >= 64, got {m!r}")
+        # The declared bounds, for a config built directly; the command's values passed them.
+        named = {n: f"ProcessorConfig {n}" for n in _FIELD_CHECKS}
+        pair = {"tls_cert": self.tls_cert, "tls_key": self.tls_key}
+        check_tls_pair(pair, named, {n: n for n in pair})
+        for name, parse in _FIELD_CHECKS.items():
+            value = getattr(self, name)
+            if value is not None:
+                parse(value, named[name])
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None, **explicit: object) -> ProcessorConfig:
+        """Explicit values (the command's flags; ``None`` = not given) > ``OTEL_GPU_PROCESSOR_*``
+        > defaults; UsageError naming the flag or variable of the first bad value."""
+        values, origin = resolve(DECLARED, env=os.environ if env is None else env, args=explicit)
+        both = {n: f"{_BY_NAME[n].flag} or {_BY_NAME[n].env}" for n in ("tls_cert", "tls_key")}
+        check_tls_pair(values, origin, both)
+        return cls(**values)
 
 
 def bind_problem(host: str, port: int) -> str:
