@@ -8,7 +8,9 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import pytest
 from test_cli_edges import GRPC_CORE_LINE
 from test_processor_peers import ROOT, ProcessorProcess, call, free_port, leak_requests
 
@@ -54,6 +56,38 @@ def test_a_port_in_use_is_named_as_such() -> None:
         holder.listen()
         line = _one_line(processor("--listen", f"127.0.0.1:{holder.getsockname()[1]}"))
     assert "address already in use" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--listen", "{held}"], {},
+         "--listen='{held}': cannot listen there (address already in use"),
+        ([], {"OTEL_GPU_PROCESSOR_LISTEN": "{held}"},
+         "OTEL_GPU_PROCESSOR_LISTEN='{held}': cannot listen there (address already in use"),
+        (["--listen", "127.0.0.1:0", "--health", "{held}"], {},
+         "--health='{held}': cannot listen there"),
+        (["--listen", "127.0.0.1:0"], {"OTEL_GPU_PROCESSOR_HEALTH": "{held}"},
+         "OTEL_GPU_PROCESSOR_HEALTH='{held}': cannot listen there"),
+        (["--listen", "127.0.0.1:0"], {"OTEL_GPU_PROCESSOR_STATE": "{dir}"},
+         "OTEL_GPU_PROCESSOR_STATE='{dir}': cannot open it as a SQLite database"),
+        (["--listen", "127.0.0.1:0", "--forward", "127.0.0.1:9"],
+         {"OTEL_GPU_PROCESSOR_QUEUE_DIR": "/dev/null/q"},
+         "OTEL_GPU_PROCESSOR_QUEUE_DIR='/dev/null/q': cannot keep a queue there"),
+    ],
+)  # fmt: skip
+def test_a_problem_found_at_start_names_the_flag_or_variable_used(
+    args: list[str], env: dict[str, str], message: str, tmp_path: Path
+) -> None:
+    """Not only bad values: a port in use or a path that cannot hold the state is reported
+    by the setting the user actually set."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        fill = {"held": f"127.0.0.1:{holder.getsockname()[1]}", "dir": str(tmp_path)}
+        argv = [a.format(**fill) for a in args]
+        line = _one_line(processor(*argv, **{k: v.format(**fill) for k, v in env.items()}))
+    assert line.startswith("otel-gpu: error: " + message.format(**fill)), line
 
 
 def test_logs_share_the_cli_format_and_a_failed_forward_reports_its_real_duration() -> None:

@@ -247,7 +247,7 @@ def test_self_telemetry_goes_downstream_as_otlp_metrics():
         (["--memory-limit-mib", "10"], "--memory-limit-mib='10': use 0 (off) or a whole number"),
         (["--max-recv-mib", "0"], "--max-recv-mib='0': use a size in MiB from 0.001 to 2047"),
         (["--max-series-per-reporter", "0"], "--max-series-per-reporter='0': use a whole number"),
-        (["--queue-dir", "/dev/null/q"], "--queue-dir '/dev/null/q': cannot keep a queue there"),
+        (["--queue-dir", "/dev/null/q"], "--queue-dir='/dev/null/q': cannot keep a queue there"),
         (["--telemetry-interval", "-1"], "--telemetry-interval='-1': use a number of seconds >= 0"),
     ],
 )

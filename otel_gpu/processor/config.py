@@ -333,6 +333,9 @@ class ProcessorConfig:
     flush_timeout_s: float = 5.0  # bound on shutdown flushing
     max_future_s: float = 3600.0  # points further in the future than this are rejected
     min_time_unix_s: float = 946_684_800.0  # points before 2000-01-01 are rejected
+    # Field -> the flag or variable it was resolved from, so that a problem found only at start
+    # (a port in use, a directory that cannot hold a queue) names what the user set.
+    sources: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # The declared bounds, for a config built directly; the command's values passed them.
@@ -351,7 +354,11 @@ class ProcessorConfig:
         values, origin = resolve(DECLARED, env=os.environ if env is None else env, args=explicit)
         both = {n: f"{_BY_NAME[n].flag} or {_BY_NAME[n].env}" for n in ("tls_cert", "tls_key")}
         check_tls_pair(values, origin, both)
-        return cls(**values)
+        return cls(**values, sources=origin)
+
+    def source(self, name: str) -> str:
+        """The flag or variable the field ``name`` came from (its flag when not resolved)."""
+        return self.sources.get(name) or _BY_NAME[name].flag or name
 
 
 def bind_problem(host: str, port: int) -> str:

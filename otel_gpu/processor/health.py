@@ -34,10 +34,12 @@ class _BoundedServer(HTTPServer):
     """An HTTPServer handling each connection on a bounded pool; excess connections closed."""
 
     def __init__(self, address: tuple[str, int], handler: Any, max_connections: int) -> None:
-        super().__init__(address, handler)
+        # Before binding: a bind that fails calls server_close(), which shuts the pool down
+        # (the pool starts no thread until a connection comes).
         self._slots = threading.BoundedSemaphore(max_connections)
         self._pool = ThreadPoolExecutor(max_connections, thread_name_prefix="otel-gpu-health")
         self.refused = 0  # connections closed because all slots were taken
+        super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
@@ -72,8 +74,11 @@ class HealthServer:
         check: Callable[[], tuple[bool, str]],
         stats: Callable[[], dict[str, Any]],
         max_connections: int = 32,
+        *,
+        source: str = "--health",
     ) -> None:
-        host, port = parse_hostport(address, "--health")
+        """``source``: the flag or variable ``address`` came from, named in errors."""
+        host, port = parse_hostport(address, source)
 
         class Handler(BaseHTTPRequestHandler):
             timeout = _IDLE_S  # socket timeout: idle or slow clients are dropped
@@ -102,7 +107,7 @@ class HealthServer:
         try:
             self._server = _BoundedServer((host, port), Handler, max_connections)
         except OSError as e:
-            raise UsageError(f"--health {address}: cannot listen there ({e.strerror})") from None
+            raise UsageError(f"{source}={address!r}: cannot listen there ({e.strerror})") from None
         self.address = format_hostport(host, self._server.server_address[1])
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="otel-gpu-health", daemon=True

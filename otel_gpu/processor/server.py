@@ -90,7 +90,7 @@ class Processor:
         memory: MemoryLimiter | None = None,
     ) -> None:
         self.config = config
-        self._store = StateStore(config.state_path)
+        self._store = StateStore(config.state_path, source=config.source("state_path"))
         bcfg = breaker_config or BreakerConfig()
         saved = self._store.load_breaker()
         breaker = Breaker(bcfg)
@@ -145,14 +145,15 @@ class Processor:
                 else "give a writable directory"
             )
             raise UsageError(
-                f"--queue-dir {cfg.queue_dir!r}: cannot keep a queue there ({e}); {hint}"
+                f"{cfg.source('queue_dir')}={cfg.queue_dir!r}: cannot keep a queue there ({e}); "
+                f"{hint}"
             ) from None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
         cfg = self.config
-        host, port = parse_hostport(cfg.listen, "--listen")
+        host, port = parse_hostport(cfg.listen, cfg.source("listen"))
         server = grpc.server(
             # More threads than in-flight slots, so an excess request reaches admit() and is
             # refused with a RetryInfo delay instead of waiting in gRPC's queue.
@@ -178,12 +179,17 @@ class Processor:
             bound = 0
         if not bound:
             raise UsageError(
-                f"--listen {cfg.listen}: cannot listen there ({bind_problem(host, port)})"
+                f"{cfg.source('listen')}={cfg.listen!r}: cannot listen there "
+                f"({bind_problem(host, port)})"
             )
         self.address = format_hostport(host, bound)
         if cfg.health:
             self._health = HealthServer(
-                cfg.health, self.health, self.stats, cfg.health_max_connections
+                cfg.health,
+                self.health,
+                self.stats,
+                cfg.health_max_connections,
+                source=cfg.source("health"),
             )
             self.health_address = self._health.address
         server.start()

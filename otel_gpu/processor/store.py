@@ -83,7 +83,14 @@ class StateStore:
     ``on_durable(batch)`` is called on the writer thread after each batch was written (or
     failed to be: the failure is counted, see :attr:`errors`)."""
 
-    def __init__(self, path: str | None, on_durable: Callable[[Batch], None] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | None,
+        on_durable: Callable[[Batch], None] | None = None,
+        *,
+        source: str = "--state",
+    ) -> None:
+        """``source``: the flag or variable ``path`` came from, named in errors."""
         self.path = path
         self.on_durable = on_durable
         self._lock = threading.Lock()  # the connection
@@ -108,7 +115,7 @@ class StateStore:
         except sqlite3.OperationalError as e:
             # Cannot even open it (a directory, no permission): the user's setting is wrong.
             raise UsageError(
-                f"--state {path!r}: cannot open it as a SQLite database ({e}); "
+                f"{source}={path!r}: cannot open it as a SQLite database ({e}); "
                 "give a writable file path"
             ) from None
         except sqlite3.DatabaseError as e:
