@@ -95,7 +95,7 @@ class Downstream:
         return cls(format_hostport(*split), tls)
 
 
-# --- parsers: each takes the flag's or variable's text, or a field's value, unchanged ---------
+# --- parsers: the flag's or variable's text, or a field's value (direct construction) ---------
 
 
 def _address(raw: object, source: str) -> str:
@@ -132,11 +132,14 @@ def _pem(raw: object, source: str) -> str:
     return path
 
 
+_MEMORY_LIMIT = "use 0 (off) or a whole number of MiB, 64 or more"
+_WHOLE_MIB = number(0, integer=True, accepted=_MEMORY_LIMIT)
+
+
 def _memory_limit(raw: object, source: str) -> int:
-    accepted = "use 0 (off) or a whole number of MiB, 64 or more"
-    mib = int(number(0, integer=True, accepted=accepted)(raw, source))
-    if 0 < mib < 64:
-        refuse(source, raw, accepted)
+    mib = int(_WHOLE_MIB(raw, source))
+    if 0 < mib < 64:  # too little for the processor itself: it would refuse every export
+        refuse(source, raw, _MEMORY_LIMIT)
     return mib
 
 
@@ -278,7 +281,7 @@ _FIELD_CHECKS: dict[str, Parser] = {**{s.name: s.parse for s in DECLARED}, **_FI
 _BY_NAME = {s.name: s for s in DECLARED}
 
 
-def check_tls_pair(
+def _check_tls_pair(
     values: Mapping[str, Any], origin: Mapping[str, str], named: Mapping[str, str]
 ) -> None:
     """A TLS certificate without its key, or a key without its certificate, is refused
@@ -341,7 +344,7 @@ class ProcessorConfig:
         # The declared bounds, for a config built directly; the command's values passed them.
         named = {n: f"ProcessorConfig {n}" for n in _FIELD_CHECKS}
         pair = {"tls_cert": self.tls_cert, "tls_key": self.tls_key}
-        check_tls_pair(pair, named, {n: n for n in pair})
+        _check_tls_pair(pair, named, {n: n for n in pair})
         for name, parse in _FIELD_CHECKS.items():
             value = getattr(self, name)
             if value is not None:
@@ -353,12 +356,13 @@ class ProcessorConfig:
         > defaults; UsageError naming the flag or variable of the first bad value."""
         values, origin = resolve(DECLARED, env=os.environ if env is None else env, args=explicit)
         both = {n: f"{_BY_NAME[n].flag} or {_BY_NAME[n].env}" for n in ("tls_cert", "tls_key")}
-        check_tls_pair(values, origin, both)
+        _check_tls_pair(values, origin, both)
         return cls(**values, sources=origin)
 
     def source(self, name: str) -> str:
         """The flag or variable the field ``name`` came from (its flag when not resolved)."""
-        return self.sources.get(name) or _BY_NAME[name].flag or name
+        declared = _BY_NAME.get(name)
+        return self.sources.get(name) or (declared and declared.flag) or name
 
 
 def bind_problem(host: str, port: int) -> str:
