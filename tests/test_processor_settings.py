@@ -49,6 +49,9 @@ def _config(argv: list[str], env: dict[str, str] | None = None) -> ProcessorConf
         ([], {"OTEL_GPU_PROCESSOR_FORWARD": "a:1, https://b"},
          "OTEL_GPU_PROCESSOR_FORWARD=' https://b': use HOST:PORT, http://HOST:PORT"),
         (["--forward", "a:0"], {}, "--forward='a:0': use HOST:PORT, http://HOST:PORT or https"),
+        (["--forward", ""], {}, "--forward='': use HOST:PORT, http://HOST:PORT or https"),
+        ([], {"OTEL_GPU_PROCESSOR_FORWARD": ","},
+         "OTEL_GPU_PROCESSOR_FORWARD=',': use HOST:PORT, http://HOST:PORT or https"),
         # Numbers and their bounds (flag-only settings).
         (["--export-interval", "0"], {}, "--export-interval='0': use a positive number of sec"),
         (["--stall-after", "inf"], {}, "--stall-after='inf': use a positive number of seconds"),

@@ -112,7 +112,9 @@ def _forward(raw: object, source: str) -> tuple[Downstream, ...]:
         if isinstance(item, Downstream):
             out.append(item)
             continue
-        out.extend(Downstream.parse(x, source) for x in str(item).split(",") if x.strip())
+        # A blank value (``--forward "$UNSET"``) is refused, not read as "forward nowhere".
+        parts = [x for x in str(item).split(",") if x.strip()] or [str(item)]
+        out.extend(Downstream.parse(x, source) for x in parts)
     return tuple(out)
 
 
