@@ -8,8 +8,12 @@ agent adds to what any OTel exporter of these points must pay.
 
     python benchmarks/bench_sample_cycle.py --quiet-host
 
+    python benchmarks/bench_sample_cycle.py --k8s
+
 Both sides run interleaved, cycle by cycle, with a pause after each, in blocks of 10 cycles (each
-block carries its share of the periodic costs: full /proc scans, slow NVML metrics). A short
+block carries its share of the periodic costs: full /proc scans, slow NVML metrics). With --k8s
+every GPU and process series carries a pod's five attributes, looked up per series as the
+DaemonSet's attribution publishes them (the floor exports the same larger attribute sets). A short
 process is started (untimed) every 5 cycles so that the agent's discovery scans all run, as on
 a host where something forks every few seconds; --quiet-host models a dedicated node instead.
 Prints the median block's CPU time per cycle for both, the median ratio of paired blocks with
@@ -30,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -39,6 +44,10 @@ from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 
 from tests.fakenvml.build import build_fake  # noqa: E402
+
+if TYPE_CHECKING:
+    from otel_gpu.labels import SeriesLabels
+    from otel_gpu.sampling.snapshot import Snapshot
 
 GPUS = 8
 PROCS = 64
@@ -108,6 +117,26 @@ def block_means(times: list[float]) -> list[float]:
     return [statistics.fmean(times[i : i + BLOCK]) for i in range(0, len(times) - BLOCK + 1, BLOCK)]
 
 
+def pod_labels(snap: Snapshot) -> SeriesLabels:
+    """A pod (and container) per GPU, each process in the pod of its GPU."""
+    from otel_gpu.labels import SeriesLabels
+
+    gpus = {
+        g.uuid: (
+            ("k8s.namespace.name", "serving"),
+            ("k8s.pod.name", f"vllm-{n}"),
+            ("k8s.pod.uid", f"{n:08x}-1111-4222-8333-444455556666"),
+            ("k8s.container.name", "vllm"),
+        )
+        for n, g in enumerate(snap.gpus)
+    }
+    procs = {
+        gp.pid: (*gpus[gp.gpu_uuid], ("container.id", f"{gp.pid:064x}"))
+        for gp in snap.gpu_processes
+    }
+    return SeriesLabels(gpus, procs)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=100, help=f"a multiple of {BLOCK}")
@@ -118,6 +147,11 @@ def main() -> int:
         help="start no process during the run: the agent then skips its discovery scans (a "
         "dedicated node); by default a short process starts every DISCOVERY_PERIOD_S cycles, "
         "so every due scan runs, as on a host where something forks every few seconds",
+    )
+    parser.add_argument(
+        "--k8s",
+        action="store_true",
+        help="label every GPU and process series with k8s.* (the DaemonSet's attribution)",
     )
     args = parser.parse_args()
     if args.cycles < BLOCK or args.cycles % BLOCK:
@@ -153,9 +187,14 @@ def main() -> int:
         source = NvmlSource(library_path=str(lib), call_timeout_s=2.0, clock=lambda: simulated[0])
         tree = ProcessTree(pids, discovery_period_s=DISCOVERY_PERIOD_S, clock=lambda: simulated[0])
         sampler = Sampler(source, tree, interval_s=1.0)
+        from otel_gpu.labels import NO_LABELS
+
         reader = InMemoryMetricReader()
+        labels = [NO_LABELS]  # set after the first sweep, which names the GPUs
         metrics.register(
-            MeterProvider(metric_readers=[reader]).get_meter("bench"), lambda: sampler.latest
+            MeterProvider(metric_readers=[reader]).get_meter("bench"),
+            lambda: sampler.latest,
+            labels=lambda: labels[0],
         )
 
         sweep_cpu: list[float] = []
@@ -170,6 +209,8 @@ def main() -> int:
         # Two sweeps a simulated second apart, so rates (CPU utilization) exist, as every cycle
         # measured below has them: the floor must carry exactly the points ours exports.
         ours()
+        if args.k8s and sampler.latest is not None:
+            labels[0] = pod_labels(sampler.latest)
         ours()
         sample_points = points_of(reader)
         # Floor: the same points (names, attributes) from callbacks returning constants.

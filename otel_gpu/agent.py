@@ -17,6 +17,7 @@ from opentelemetry.metrics import MeterProvider
 
 from otel_gpu import metrics, selfmetrics
 from otel_gpu.config import Settings
+from otel_gpu.labels import SeriesLabels
 from otel_gpu.node_lock import acquire_node_lock  # re-exported: the commands import it here
 from otel_gpu.sampling.isolated import SamplerProcess, SamplerSpec
 from otel_gpu.sampling.sampler import Sampler
@@ -68,6 +69,7 @@ class Agent:
         export_health: ExportHealth | None = None,
         phase: Callable[[], str | None] | None = None,
         detection: DetectionSettings | None = None,
+        series_labels: Callable[[], SeriesLabels] | None = None,
     ) -> None:
         """``detection``: the engine's, breaker's and actions' settings, resolved where the
         agent is built (default: their defaults); used when ``settings.detect``.
@@ -75,7 +77,9 @@ class Agent:
         phase and step feed detection and whose graceful stop is asked first.
         ``export_health``: where the meter provider's exporter counts its outcomes
         (:func:`otel_gpu.export.meter_provider`), for the self-metrics and ``/healthz``.
-        ``phase``: the detectors' phase source when it is not an in-process trainer."""
+        ``phase``: the detectors' phase source when it is not an in-process trainer.
+        ``series_labels``: extra attributes of GPU and process series (the DaemonSet's
+        ``k8s.*``), looked up at each collection (otel_gpu/labels.py)."""
         self.settings = settings
         self.sampler: Sampler | SamplerProcess
         if source is None and settings.sampler == "process":
@@ -113,7 +117,7 @@ class Agent:
         self.instruments: list[Any] = []
         if meter_provider is not None:
             meter = meter_provider.get_meter("otel_gpu", _version())
-            self.instruments = metrics.register(meter, self.sampler.fresh)
+            self.instruments = metrics.register(meter, self.sampler.fresh, labels=series_labels)
             self.instruments += selfmetrics.register(meter, self.sampler, self.export_health)
         self.watchdog: Any = None
         if settings.detect:

@@ -16,6 +16,7 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from otel_gpu.labels import NO_LABELS, SeriesLabels, collecting
 from otel_gpu.sampling.snapshot import (
     STATUS_DEGRADED,
     STATUS_FAILED,
@@ -60,19 +61,24 @@ Extra = tuple[tuple[str, Any], ...]
 
 
 def gpu_attrs(g: GpuSample, extra: Extra = ()) -> Attrs:
-    """A GPU's point attributes plus ``extra``. Shared, cached dicts: callers must not mutate."""
-    return _gpu_attrs(g.uuid, g.index, g.name, g.parent, extra)
+    """A GPU's point attributes plus ``extra`` and the collection's labels of the GPU
+    (otel_gpu/labels.py). Shared, cached dicts: callers must not mutate."""
+    labels = collecting.get().gpu.get(g.uuid, ())
+    return _gpu_attrs(g.uuid, g.index, g.name, g.parent, extra, labels)
 
 
 # Attribute dicts are built once per series, not once per point per collection: building them
 # was a quarter of the agent's collection cost (benchmarks/bench_sample_cycle.py).
 @functools.lru_cache(maxsize=4096)
-def _gpu_attrs(uuid: str, index: int, name: str | None, parent: str | None, extra: Extra) -> Attrs:
+def _gpu_attrs(
+    uuid: str, index: int, name: str | None, parent: str | None, extra: Extra, labels: Extra
+) -> Attrs:
     attrs: Attrs = {"hw.id": uuid, "hw.type": "gpu", "hw.vendor": "NVIDIA", "gpu.index": index}
     if name:
         attrs["hw.name"] = name
     if parent:
         attrs["hw.parent"] = parent
+    attrs.update(labels)
     attrs.update(extra)
     return attrs
 
@@ -132,8 +138,12 @@ def _throttle_reader() -> Reader:
 
 
 def process_attrs(p: ProcessSample, hw_id: str | None = None) -> Attrs:
-    """A process's point attributes (plus ``hw.id``). Shared, cached dicts: do not mutate."""
-    return _process_attrs(p.pid, p.vpid, p.parent_pid, p.executable_name, p.command, p.owner, hw_id)
+    """A process's point attributes (plus ``hw.id`` and the collection's labels of the
+    process, otel_gpu/labels.py). Shared, cached dicts: do not mutate."""
+    labels = collecting.get().process.get(p.pid, ())
+    return _process_attrs(
+        p.pid, p.vpid, p.parent_pid, p.executable_name, p.command, p.owner, hw_id, labels
+    )
 
 
 @functools.lru_cache(maxsize=16384)
@@ -145,6 +155,7 @@ def _process_attrs(
     command: str | None,
     owner: str | None,
     hw_id: str | None,
+    labels: Extra,
 ) -> Attrs:
     attrs: Attrs = {"process.pid": pid}
     for key, value in (
@@ -157,6 +168,7 @@ def _process_attrs(
     ):
         if value is not None:
             attrs[key] = value
+    attrs.update(labels)
     return attrs
 
 
@@ -164,10 +176,11 @@ class _ProcessView:
     """A snapshot's processes paired with their attribute dicts, built once per snapshot and
     shared by the seven process instruments (one cache lookup per process, not seven)."""
 
-    __slots__ = ("snap", "procs", "gpu_procs")
+    __slots__ = ("snap", "labels", "procs", "gpu_procs")
 
-    def __init__(self, snap: Snapshot) -> None:
+    def __init__(self, snap: Snapshot, labels: SeriesLabels) -> None:
         self.snap = snap
+        self.labels = labels
         self.procs = [(p, process_attrs(p)) for p in snap.processes]
         by_pid = {p.pid: p for p in snap.processes}
         gpu_procs = []
@@ -184,8 +197,9 @@ _view: _ProcessView | None = None
 def _process_view(snap: Snapshot) -> _ProcessView:
     global _view
     view = _view
-    if view is None or view.snap is not snap:
-        view = _view = _ProcessView(snap)  # a racing collection builds an equal one
+    labels = collecting.get()
+    if view is None or view.snap is not snap or view.labels is not labels:
+        view = _view = _ProcessView(snap, labels)  # a racing collection builds an equal one
     return view
 
 
@@ -378,17 +392,27 @@ def register(
     meter: Meter,
     latest: Callable[[], Snapshot | None],
     instruments: Iterable[Instrument] = INSTRUMENTS,
+    labels: Callable[[], SeriesLabels] | None = None,
 ) -> list[Any]:
-    """Create one observable instrument per table row, all reading ``latest()``."""
+    """Create one observable instrument per table row, all reading ``latest()``; ``labels()``
+    gives the extra attributes of GPUs and processes (e.g. ``k8s.*``), looked up per series."""
     owner = os.getpid()
     created = []
     for spec in instruments:
-        created.append(_create(meter, spec, latest, owner))
+        created.append(_create(meter, spec, latest, owner, labels or _no_labels))
     return created
 
 
+def _no_labels() -> SeriesLabels:
+    return NO_LABELS
+
+
 def _create(
-    meter: Meter, spec: Instrument, latest: Callable[[], Snapshot | None], owner: int
+    meter: Meter,
+    spec: Instrument,
+    latest: Callable[[], Snapshot | None],
+    owner: int,
+    labels: Callable[[], SeriesLabels],
 ) -> Any:
     book = SeriesBook(spec.name, monotonic=spec.kind == COUNTER)
 
@@ -398,10 +422,13 @@ def _create(
         snap = latest()
         if snap is None:
             return []
+        token = collecting.set(labels())
         try:
             observations = list(spec.read(snap))
         except Exception:  # a reader bug loses this instrument's points, never the cycle
             return []
+        finally:
+            collecting.reset(token)
         book.observe(observations)
         return observations
 

@@ -109,6 +109,9 @@ def test_the_daemonset_mounts_what_it_reads_and_exports_to_the_processor() -> No
     proc = mounts["host-proc"]
     assert env["OTEL_GPU_PROC_ROOT"] == proc["mountPath"] and proc["readOnly"] is True
     assert volumes["host-proc"]["hostPath"]["path"] == "/proc"
+    logs = mounts["pod-logs"]
+    assert _flag(agent["args"], "--pod-logs") == logs["mountPath"] and logs["readOnly"] is True
+    assert volumes["pod-logs"]["hostPath"]["path"] == "/var/log/pods"
     assert env["CUDA_VISIBLE_DEVICES"] == "all"
     assert agent["securityContext"]["readOnlyRootFilesystem"] is True
     account = _one(objects, "ServiceAccount", pod["serviceAccountName"])

@@ -55,6 +55,13 @@ SNAP = Snapshot(
 
 @pytest.fixture(scope="module")
 def stubs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleType, ModuleType]]:
+    yield from compiled_stubs(tmp_path_factory)
+
+
+def compiled_stubs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[ModuleType, ModuleType]]:
+    """The kubelet's gRPC stubs, generated from the vendored api.proto (imported while alive)."""
     out = tmp_path_factory.mktemp("podresources_stubs")
     args = ["protoc", f"-I{PROTO_DIR}", f"--python_out={out}", f"--grpc_python_out={out}"]
     assert protoc.main([*args, str(PROTO_DIR / "api.proto")]) == 0
@@ -83,33 +90,32 @@ def test_the_shipped_descriptor_is_the_vendored_proto_compiled(tmp_path: Path) -
     assert out.read_bytes() == (PROTO_DIR / "api.desc").read_bytes()
 
 
-def _kubelet(stubs: tuple[ModuleType, ModuleType], path: Path) -> grpc.Server:
+Containers = list[tuple[str, str, tuple[str, ...]]]  # name, resource, device IDs
+PodSpec = tuple[str, str, Containers]  # name, namespace, containers
+
+
+def kubelet(stubs: tuple[ModuleType, ModuleType], path: Path, pods: list[PodSpec]) -> grpc.Server:
+    """A PodResources server on ``path`` listing ``pods`` as they are at each call (the test
+    may change the list: a pod replaced)."""
     pb2, pb2_grpc = stubs
 
-    def container(name: str, resource: str, *ids: str) -> object:
-        return pb2.ContainerResources(
-            name=name, devices=[pb2.ContainerDevices(resource_name=resource, device_ids=list(ids))]
-        )
-
-    pods = [
-        pb2.PodResources(name="vllm-0", namespace="serving", containers=[
-            container("vllm", "nvidia.com/gpu", GPU_A), pb2.ContainerResources(name="otel-gpu")]),
-        pb2.PodResources(name="sglang-0", namespace="serving", containers=[
-            container("sglang", "nvidia.com/mig-3g.40gb", MIG_B)]),
-        pb2.PodResources(name="idle-0", namespace="batch", containers=[
-            container("trainer", "nvidia.com/gpu", "2")]),  # the plugin's index strategy
-        pb2.PodResources(name="nic-0", namespace="net", containers=[
-            container("app", "example.com/sriov", "0000:3b:00.1")]),  # not a GPU
-    ]  # fmt: skip
+    def message(name: str, namespace: str, containers: Containers) -> object:
+        return pb2.PodResources(name=name, namespace=namespace, containers=[
+            pb2.ContainerResources(name=c, devices=[
+                pb2.ContainerDevices(resource_name=r, device_ids=list(ids))] if ids else [])
+            for c, r, ids in containers
+        ])  # fmt: skip
 
     class Lister(pb2_grpc.PodResourcesListerServicer):
         def List(self, request, context):  # noqa: N802
-            return pb2.ListPodResourcesResponse(pod_resources=pods)
+            return pb2.ListPodResourcesResponse(pod_resources=[message(*p) for p in pods])
 
         def Get(self, request, context):  # noqa: N802
-            for pod in pods:
-                if (pod.name, pod.namespace) == (request.pod_name, request.pod_namespace):
-                    return pb2.GetPodResourcesResponse(pod_resources=pod)
+            for name, namespace, containers in pods:
+                if (name, namespace) == (request.pod_name, request.pod_namespace):
+                    return pb2.GetPodResourcesResponse(
+                        pod_resources=message(name, namespace, containers)
+                    )
             context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod_name} not found")
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
@@ -117,6 +123,16 @@ def _kubelet(stubs: tuple[ModuleType, ModuleType], path: Path) -> grpc.Server:
     server.add_insecure_port(f"unix://{path}")
     server.start()
     return server
+
+
+def _kubelet(stubs: tuple[ModuleType, ModuleType], path: Path) -> grpc.Server:
+    pods: list[PodSpec] = [
+        ("vllm-0", "serving", [("vllm", "nvidia.com/gpu", (GPU_A,)), ("otel-gpu", "", ())]),
+        ("sglang-0", "serving", [("sglang", "nvidia.com/mig-3g.40gb", (MIG_B,))]),
+        ("idle-0", "batch", [("trainer", "nvidia.com/gpu", ("2",))]),  # the index strategy
+        ("nic-0", "net", [("app", "example.com/sriov", ("0000:3b:00.1",))]),  # not a GPU
+    ]
+    return kubelet(stubs, path, pods)
 
 
 def _collect(attribution: NodeAttribution) -> dict[str, list[tuple[float, dict]]]:
@@ -157,7 +173,9 @@ def test_gpus_and_mig_devices_land_on_their_pods(
         (MIG_B, "serving", "sglang-0", "sglang", True),
         (GPU_C, "batch", "idle-0", "trainer", False),  # allocated, used by no process
     ])  # fmt: skip
-    assert got["otel_gpu.gpu.memory.orphaned"] == [(3 << 30, {"hw.id": GPU_D, "process.pid": 999})]
+    assert got["otel_gpu.gpu.memory.orphaned"] == [
+        (3 << 30, {"hw.id": GPU_D, "process.pid": 999, "otel_gpu.orphan.reason": "no_pod"})
+    ]
     orphan_warnings = [
         r for r in caplog.records if "no pod is allocated this GPU" in r.getMessage()
     ]

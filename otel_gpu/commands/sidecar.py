@@ -25,6 +25,7 @@ from otel_gpu.commands.common import (
 from otel_gpu.commands.outputs import RunOutputs, add_output_options
 from otel_gpu.config import SIDECAR_OPTIONS, Settings
 from otel_gpu.errors import UsageError
+from otel_gpu.k8s.podlogs import DEFAULT_POD_LOGS
 from otel_gpu.settings import add_options
 
 if TYPE_CHECKING:
@@ -63,6 +64,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "/var/lib/kubelet/pod-resources/kubelet.sock: attribute each GPU of the node to its pod "
         "(the DaemonSet; falls back to the processes' cgroups when it cannot be read) and, with "
         "K8S_POD_NAME and K8S_NAMESPACE_NAME set, take the pod's GPUs from the kubelet",
+    )
+    parser.add_argument(
+        "--pod-logs",
+        metavar="DIR",
+        default=DEFAULT_POD_LOGS,
+        help="with --pod-resources: the node's pod log folders, which name each pod by its UID "
+        "and tell which pods the node still runs (default: %(default)s)",
     )
     add_agent_options(parser)
     add_output_options(parser)
@@ -133,10 +141,18 @@ def _watch(
     )
     provider = meter_provider(settings, resource, export_health=endpoints.export_health)
     visible = None
+    attribution = None
     if args.pod_resources:
-        from otel_gpu.k8s.attribution import kubelet_pod_devices
+        from otel_gpu.k8s.attribution import NodeAttribution, kubelet_pod_devices
 
         visible = kubelet_pod_devices(args.pod_resources, env)
+        attribution = NodeAttribution(
+            lambda: agent.sampler.fresh(),  # bound below, before the attribution starts
+            args.pod_resources,
+            proc_root=settings.proc_root,
+            pod_logs=args.pod_logs,
+            period_s=max(settings.interval_s, 10.0),
+        )
     if visible is None:
         visible = pod_visible_devices(env, pod_pids, settings.proc_root)
     agent = Agent(
@@ -147,6 +163,7 @@ def _watch(
         export_health=endpoints.export_health,
         phase=serving.phase,
         detection=detection,
+        series_labels=attribution.series_labels if attribution is not None else None,
     )
     scraper = None
     if settings.server_metrics:
@@ -173,16 +190,7 @@ def _watch(
 
     agent.sampler.add_listener(on_snapshot)
     outputs.attach(agent.sampler, agent.watchdog)
-    attribution = None
-    if args.pod_resources:
-        from otel_gpu.k8s.attribution import NodeAttribution
-
-        attribution = NodeAttribution(
-            agent.sampler.fresh,
-            args.pod_resources,
-            proc_root=settings.proc_root,
-            period_s=max(settings.interval_s, 10.0),
-        )
+    if attribution is not None:
         attribution.register_instruments(provider.get_meter("otel_gpu"))
     agent.start()
     for helper in (scraper, attribution):

@@ -1,18 +1,23 @@
-"""Which pod each GPU of the node belongs to (``--pod-resources``, the node-wide DaemonSet).
+"""Which pod each GPU and process of the node belongs to (``--pod-resources``, the DaemonSet).
 
 Every refresh (on its own thread, never in an OTel callback) pairs the latest snapshot with:
 
 * the kubelet's PodResources ``List`` — the GPUs and MIG devices allocated to each container,
-  whether or not a process uses them; GPUs no pod holds but whose memory a process holds are
-  *orphaned* (the process outlived its pod, or runs outside Kubernetes);
-* else (socket missing, refused or hung: one warning) the cgroup of each process on a GPU,
-  which names its pod's UID and container ID, for the GPUs in use only.
+  whether or not a process uses them; else (socket missing, refused or hung: one warning) the
+  processes' cgroups alone;
+* the cgroup of every process of the snapshot (pod UID and container ID; read once per
+  process, by PID and start time);
+* the node's ``/var/log/pods`` directories (``--pod-logs``): pod UID -> namespace and name,
+  and which pods the node still runs.
+
+The pairing (otel_gpu/k8s/node_map.py) gives the labels every per-GPU and per-process series
+carries (:meth:`NodeAttribution.series_labels`, looked up by the metric callbacks),
+``otel_gpu.gpu.allocated`` (1 per GPU and container; ``otel_gpu.gpu.in_use`` says whether a
+process holds it) and ``otel_gpu.gpu.memory.orphaned`` (By, per GPU and process, with
+``otel_gpu.orphan.reason``: ``no_pod`` on a GPU no pod holds, ``pod_gone`` for a process of a
+pod the node no longer runs, whichever GPU it is on).
 
 In a sidecar given the socket, :func:`kubelet_pod_devices` (``Get``) names the pod's own GPUs.
-
-Exported as ``otel_gpu.gpu.allocated`` (1 per GPU and container; ``otel_gpu.gpu.in_use`` says
-whether a process holds it) and ``otel_gpu.gpu.memory.orphaned`` (By, per GPU and process). Both
-carry ``hw.id``, so the per-GPU series join them on it (an info metric, as kube_pod_info is).
 """
 
 from __future__ import annotations
@@ -21,23 +26,27 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from otel_gpu.k8s.node_map import ORPHAN_REASON, POD_GONE, POD_UID, Identity, Row, map_node
 from otel_gpu.k8s.pod import read_cgroup
+from otel_gpu.k8s.podlogs import PodDir, read_pod_logs
 from otel_gpu.k8s.podresources import Allocation, PodResourcesClient
+from otel_gpu.labels import NO_LABELS, SeriesLabels
 from otel_gpu.sampling.snapshot import Snapshot
 
 log = logging.getLogger("otel_gpu.k8s")
 
-Row = tuple[float, dict[str, Any]]
 SOURCE_PODRESOURCES = "podresources"
 SOURCE_CGROUP = "cgroup"
+FIRST_REFRESH_POLL_S = 0.5  # until the first snapshot exists: labels from the first points on
+
+ProcessKey = tuple[int, int | None]  # PID and start time: a reused PID is read again
 
 
 class NodeAttribution:
-    """GPU → pod rows, refreshed from the latest snapshot every ``period_s``."""
+    """GPU and process -> pod, refreshed from the latest snapshot every ``period_s``."""
 
     def __init__(
         self,
@@ -45,34 +54,91 @@ class NodeAttribution:
         socket_path: str,
         *,
         proc_root: str = "/proc",
+        pod_logs: str | None = None,
         period_s: float = 10.0,
         timeout_s: float = 2.0,
     ) -> None:
         self._latest = latest
         self.socket_path = socket_path
         self._proc_root = proc_root
+        self._pod_logs = pod_logs
         self._period_s = period_s
         self._client = PodResourcesClient(socket_path, timeout_s)
         self.source: str | None = None  # where the last refresh's attribution came from
         self.allocated: list[Row] = []
         self.orphaned: list[Row] = []
+        self._labels = NO_LABELS
         self._degraded_reason: str | None = None
-        self._orphans_logged: set[tuple[int, str]] = set()
+        self._pod_logs_missing = False
+        # Both hold only what the last snapshot holds: bounded by the node's processes.
+        self._identities: dict[ProcessKey, Identity] = {}
+        self._orphans_logged: set[tuple[int, str, str]] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def refresh(self) -> None:
-        """One round: List (or cgroups) against the latest snapshot; replaces the rows."""
+    def series_labels(self) -> SeriesLabels:
+        """The ``k8s.*`` of each GPU and process series, as of the last refresh."""
+        return self._labels
+
+    def refresh(self) -> bool:
+        """One round against the latest snapshot; replaces labels and rows (False: no
+        snapshot yet)."""
         snap = self._latest()
         if snap is None:
-            return
+            return False
         allocations = self._list()
-        if allocations is None:
-            self.allocated, self.orphaned = self._from_cgroups(snap), []
-            self.source = SOURCE_CGROUP
-        else:
-            self.allocated, self.orphaned = self._from_allocations(snap, allocations)
-            self.source = SOURCE_PODRESOURCES
+        found = map_node(snap, allocations, self._read_identities(snap), self._read_pod_logs())
+        self.source = SOURCE_CGROUP if allocations is None else SOURCE_PODRESOURCES
+        self.allocated, self.orphaned, self._labels = found.allocated, found.orphaned, found.labels
+        self._warn_orphans(found.orphaned)
+        return True
+
+    def _read_identities(self, snap: Snapshot) -> dict[int, Identity]:
+        """The cgroup identity of every process of the snapshot that runs in a pod."""
+        keys: dict[ProcessKey, int] = {(p.pid, p.start_ticks): p.pid for p in snap.processes}
+        listed = {p.pid for p in snap.processes}
+        for gp in snap.gpu_processes:  # on a GPU but outside the watched tree
+            pid = snap.host_to_local.get(gp.pid, gp.pid)
+            if pid not in listed:
+                listed.add(pid)
+                keys[(pid, None)] = pid
+        known, fresh = self._identities, {}
+        for key, pid in keys.items():
+            if key in known and key[1] is not None:
+                fresh[key] = known[key]
+            else:  # without a start time the PID may be reused: read it again
+                fresh[key] = read_cgroup(pid, self._proc_root).as_dict()
+        self._identities = fresh
+        return {pid: fresh[key] for key, pid in keys.items() if POD_UID in fresh[key]}
+
+    def _read_pod_logs(self) -> dict[str, PodDir] | None:
+        if self._pod_logs is None:
+            return None
+        pods = read_pod_logs(self._pod_logs)
+        if pods is None and not self._pod_logs_missing:
+            log.warning(
+                "pod logs folder %s not readable (mount the node's /var/log/pods): pod names "
+                "come from PodResources only, and processes of deleted pods are not found",
+                self._pod_logs,
+            )
+        self._pod_logs_missing = pods is None
+        return pods
+
+    def _warn_orphans(self, rows: list[Row]) -> None:
+        current = set()
+        for value, attrs in rows:
+            key = (attrs["process.pid"], attrs["hw.id"], attrs[ORPHAN_REASON])
+            current.add(key)
+            if key in self._orphans_logged:
+                continue
+            if key[2] == POD_GONE:
+                why = f"its pod {attrs[POD_UID]} no longer runs on this node"
+            else:
+                why = (
+                    "no pod is allocated this GPU (its pod is gone, or it runs outside Kubernetes)"
+                )
+            log.warning("GPU %s: process %s holds %d bytes but %s", key[1], key[0], value, why)
+        self._orphans_logged = current  # once per process while it stays orphaned
 
     def _list(self) -> list[Allocation] | None:
         if not os.path.exists(self.socket_path):
@@ -91,59 +157,12 @@ class NodeAttribution:
         if self._degraded_reason is None:
             log.warning(
                 "pod-resources socket %s not usable: %s; attributing GPUs through the cgroups "
-                "of their processes (pod UID and container ID only)",
+                "of their processes (pod UID and container ID; names from the pod logs)",
                 self.socket_path,
                 reason,
             )
         self._degraded_reason = reason
         return None
-
-    def _from_allocations(
-        self, snap: Snapshot, allocations: list[Allocation]
-    ) -> tuple[list[Row], list[Row]]:
-        by_index = {str(g.index): g.uuid for g in snap.gpus if g.parent is None}
-        used = {gp.gpu_uuid for gp in snap.gpu_processes}
-        allocated: list[Row] = []
-        held: set[str] = set()
-        for a in allocations:
-            uuid = by_index.get(a.device_id, a.device_id)  # the plugin's index strategy
-            held.add(uuid)
-            attrs = {
-                "hw.id": uuid,
-                "k8s.pod.name": a.pod,
-                "k8s.namespace.name": a.namespace,
-                "k8s.container.name": a.container,
-                "otel_gpu.gpu.in_use": uuid in used,
-            }
-            allocated.append((1.0, attrs))
-        # A GPU whose MIG devices are allocated is held too (its lists aggregate theirs).
-        held |= {g.parent for g in snap.gpus if g.parent is not None and g.uuid in held}
-        orphaned: list[Row] = []
-        for gp in snap.gpu_processes:
-            if gp.gpu_uuid in held or not gp.used_memory:
-                continue
-            orphaned.append((float(gp.used_memory), {"hw.id": gp.gpu_uuid, "process.pid": gp.pid}))
-            if (gp.pid, gp.gpu_uuid) not in self._orphans_logged:
-                self._orphans_logged.add((gp.pid, gp.gpu_uuid))
-                log.warning(
-                    "GPU %s: process %s holds %d bytes but no pod is allocated this GPU "
-                    "(its pod is gone, or it runs outside Kubernetes)",
-                    gp.gpu_uuid,
-                    gp.pid,
-                    gp.used_memory,
-                )
-        return allocated, orphaned
-
-    def _from_cgroups(self, snap: Snapshot) -> list[Row]:
-        rows: dict[tuple[str, str], Row] = {}
-        for gp in snap.gpu_processes:
-            found = read_cgroup(gp.pid, self._proc_root).as_dict()
-            uid = found.get("k8s.pod.uid")
-            if uid is None or (gp.gpu_uuid, uid) in rows:
-                continue
-            attrs: dict[str, Any] = {"hw.id": gp.gpu_uuid, **found, "otel_gpu.gpu.in_use": True}
-            rows[(gp.gpu_uuid, uid)] = (1.0, attrs)
-        return list(rows.values())
 
     # -- thread and instruments ---------------------------------------------------------------
 
@@ -153,12 +172,13 @@ class NodeAttribution:
         return self
 
     def _loop(self) -> None:
+        refreshed = False
         while not self._stop.is_set():
             try:
-                self.refresh()
+                refreshed = self.refresh() or refreshed
             except Exception:  # a bug here must not end attribution for good
                 log.exception("GPU attribution failed")
-            self._stop.wait(self._period_s)
+            self._stop.wait(self._period_s if refreshed else FIRST_REFRESH_POLL_S)
 
     def stop(self, timeout_s: float = 1.0) -> None:
         self._stop.set()
@@ -177,7 +197,8 @@ class NodeAttribution:
             "otel_gpu.gpu.memory.orphaned",
             callbacks=[self._observe(lambda: self.orphaned)],
             unit="By",
-            description="GPU memory held by a process on a GPU no pod is allocated",
+            description="GPU memory held by a process on a GPU no pod is allocated (no_pod) "
+            "or by a process of a pod the node no longer runs (pod_gone)",
         )
 
     @staticmethod
