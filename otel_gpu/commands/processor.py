@@ -1,7 +1,8 @@
 """``otel-gpu processor``: run the OTLP processor service until SIGTERM/SIGINT.
 
 Each option falls back to an ``OTEL_GPU_PROCESSOR_*`` variable, then to its default:
-LISTEN, FORWARD (comma-separated), STATE, TOKEN, HEALTH, TLS_CERT, TLS_KEY, QUEUE_DIR.
+LISTEN, FORWARD (comma-separated), STATE, TOKEN, HEALTH, PROMETHEUS, TLS_CERT, TLS_KEY,
+QUEUE_DIR.
 """
 
 from __future__ import annotations
@@ -58,6 +59,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--health",
         metavar="HOST:PORT",
         help="serve HTTP /healthz and /stats here (env OTEL_GPU_PROCESSOR_HEALTH; default off)",
+    )
+    parser.add_argument(
+        "--prometheus",
+        metavar="HOST:PORT",
+        help="serve the detector metrics and the processor's own metrics as Prometheus "
+        "/metrics here (env OTEL_GPU_PROCESSOR_PROMETHEUS; default off)",
     )
     parser.add_argument(
         "--stall-after",
@@ -188,6 +195,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         tls_key=pick(args.tls_key, "TLS_KEY"),
         token=token,
         health=pick(args.health, "HEALTH"),
+        prometheus=pick(args.prometheus, "PROMETHEUS"),
         stall_after_s=args.stall_after,
         max_series=args.max_series,
         max_inflight=args.max_inflight,
@@ -220,15 +228,22 @@ def run_processor(args: argparse.Namespace) -> int:
     from otel_gpu.detect.breaker import BreakerConfig
     from otel_gpu.detect.config import DetectConfig
     from otel_gpu.detect.engine import Engine
+    from otel_gpu.processor.scrape import ProcessorScrape
     from otel_gpu.processor.server import Processor
 
     actions_config = ActionsConfig.from_env()
     actions = ActionDispatcher.from_config(actions_config, source="otel-gpu processor")
+    scrape = None
+    if config.prometheus:
+        # Bound before anything is served: a taken port ends the command here (exit 2).
+        setting = "--prometheus" if args.prometheus else _ENV + "PROMETHEUS"
+        scrape = ProcessorScrape(config.prometheus, setting, config.max_series)
     processor = Processor(
         config,
         engine=Engine(DetectConfig.from_env()),
         breaker_config=BreakerConfig.from_env(),
         actions=actions,
+        scrape=scrape,
     )
     stop = threading.Event()
 
@@ -241,6 +256,8 @@ def run_processor(args: argparse.Namespace) -> int:
         where = [f"listening on {processor.address}" + (" (TLS)" if config.tls_cert else "")]
         if processor.health_address:
             where.append(f"health on http://{processor.health_address}/healthz")
+        if scrape is not None:
+            where.append(f"Prometheus metrics on http://{scrape.address}/metrics")
         where.append(
             "forwarding to " + ", ".join(d.target for d in config.forward)
             if config.forward

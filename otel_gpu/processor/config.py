@@ -79,6 +79,7 @@ class ProcessorConfig:
     tls_key: str | None = None  # PEM private key
     token: str | None = field(default=None, repr=False)  # bearer token clients must send
     health: str | None = None  # HOST:PORT of the HTTP health endpoint; None: off
+    prometheus: str | None = None  # HOST:PORT of the Prometheus /metrics endpoint; None: off
     stall_after_s: float = 300.0  # /healthz fails this long after the last accepted request
     max_series: int = 20_000  # detection subjects held at once; more are counted, not tracked
     series_ttl_s: float = 1800.0  # a subject silent this long (wall time) is forgotten
@@ -110,6 +111,8 @@ class ProcessorConfig:
         parse_hostport(self.listen, "--listen")
         if self.health is not None:
             parse_hostport(self.health, "--health")
+        if self.prometheus is not None:
+            parse_hostport(self.prometheus, "--prometheus")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise UsageError("--tls-cert and --tls-key go together: give both or neither")
         if self.token is not None and (not self.token or any(c.isspace() for c in self.token)):
