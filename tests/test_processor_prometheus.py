@@ -96,6 +96,9 @@ def test_the_leak_rules_fire_in_prometheus_on_the_processors_output(stack: Stack
     assert {a["metric"]["service_instance_id"] for a in firing} == {"run-1"}
     process = next(a["metric"] for a in firing if a["metric"]["otel_gpu_subject_kind"] != "gpu")
     assert process["process_pid"] == "10000" and process["hw_id"].startswith("GPU-")
+    # The GPU's series carries no process_pid: the reporter's own pid is not a subject label.
+    gpu = next(a["metric"] for a in firing if a["metric"]["otel_gpu_subject_kind"] == "gpu")
+    assert "process_pid" not in gpu and gpu["host_name"] == "node-1"
     opened = stack.prom.wait_for('ALERTS{alertname="GpuBreakerOpen",alertstate="firing"}', 10)
     assert {a["metric"]["otel_gpu_subject"] for a in opened} == subjects
     counted = stack.prom.query('otel_gpu_alerts_total{otel_gpu_alert_kind="leak"}')

@@ -13,8 +13,8 @@ published points under a lock (no parsing, no I/O).
 
 Prometheus labels: each point's attributes (the subject's identity: ``otel_gpu_subject``,
 ``hw_id``, ``process_pid`` ...), plus the reporter's resource identity (``service_name``,
-``host_name`` ...) where the point has no attribute of that name; ``target_info`` holds the
-processor's own resource.
+``service_instance_id``, ``host_name``, ``k8s_*``) where the point has no attribute of that
+name; ``target_info`` holds the processor's own resource.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ from otel_gpu.processor.outputs import SCOPE_NAME
 # Sources of published requests; each replaces only its own points.
 DETECTOR = "detector"
 TELEMETRY = "telemetry"
+# Not a label from the reporter's resource: ``process_pid`` names the process a series is about
+# (a process's GPU memory), and the reporting agent's own pid on a GPU's series would read as one.
+_SUBJECT_KEYS = frozenset({"process.pid"})
 
 
 def _plain(attrs: Any) -> dict[str, Any]:
@@ -94,7 +97,9 @@ class ProcessorScrape:
         req = ExportMetricsServiceRequest.FromString(payload)
         points: dict[str, list[Observation]] = {}
         for rm in req.resource_metrics:
-            reporter = _plain(rm.resource.attributes)
+            reporter = {
+                k: v for k, v in _plain(rm.resource.attributes).items() if k not in _SUBJECT_KEYS
+            }
             for sm in rm.scope_metrics:
                 for metric in sm.metrics:
                     kind = metric.WhichOneof("data")
