@@ -9,7 +9,9 @@ stopped sending, and a taken port is one line and exit 2 before anything is serv
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -122,6 +124,34 @@ def test_prometheus_scrapes_the_processors_own_telemetry(stack: Stack) -> None:
     assert stack.prom.query("otel_gpu_processor_memory_usage_bytes > 0")
     info = stack.prom.query(f'target_info{{instance="127.0.0.1:{stack.scrape_port}"}}')
     assert info and info[0]["metric"]["service_name"] == "otel-gpu-processor"
+
+
+def _detector_panels() -> list[tuple[str, str]]:
+    """(title, expr) of the Fleet dashboard's panels on the detector metrics, its job variable
+    at "All" (the dashboard's default)."""
+    board = json.loads(
+        (ROOT / "deploy" / "grafana" / "dashboards" / "otel-gpu-fleet.json").read_text()
+    )
+    every = {
+        f"${v['name']}": v["allValue"] for v in board["templating"]["list"] if v["type"] == "query"
+    }
+    out = []
+    for panel in board["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            if re.search(r"otel_gpu_(leak|breaker|alerts|memory_time)", expr):
+                for name, value in every.items():
+                    expr = expr.replace(name, value)
+                out.append((panel["title"], expr))
+    return out
+
+
+@pytest.mark.parametrize(("title", "expr"), _detector_panels())
+def test_the_fleet_dashboards_detector_panels_show_the_processors_output(
+    stack: Stack, title: str, expr: str
+) -> None:
+    assert stack.prom.wait_for("otel_gpu_leak_rate_bytes_per_second", 60)
+    assert stack.prom.query(expr), f"{title} is empty on the processor's output: {expr}"
 
 
 def _scrape(port: int) -> str:
