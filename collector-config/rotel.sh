@@ -13,7 +13,9 @@
 # Every port can be moved: ROTEL_GRPC / ROTEL_HTTP (4317 / 4318, where agents send by
 # default), PROCESSOR (127.0.0.1:14317), HEALTH (127.0.0.1:13134, /healthz), DOWNSTREAM
 # (127.0.0.1:4319). The OpenTelemetry Collector config in this folder uses 4317-4319 as well:
-# run one or the other on a host, or move these.
+# run one or the other on a host, or move these. The processor takes its other settings from
+# its OTEL_GPU_PROCESSOR_* variables, e.g. OTEL_GPU_PROCESSOR_PROMETHEUS=127.0.0.1:9465 for a
+# Prometheus /metrics of its detector metrics.
 set -eu
 ROTEL_GRPC=${ROTEL_GRPC:-127.0.0.1:4317}
 ROTEL_HTTP=${ROTEL_HTTP:-127.0.0.1:4318}

@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
@@ -111,18 +112,27 @@ class ScrapeEndpoint(PrometheusMetricReader):
     out of the job's series.
     """
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        setting: str = f"{PROMETHEUS_HOST_ENV} / {PROMETHEUS_PORT_ENV}",
+        fix: str = f"choose a free port with {PROMETHEUS_PORT_ENV}",
+        **reader_options: Any,
+    ) -> None:
+        """Serve on ``host:port``; a failure to bind is a UsageError naming ``setting`` (what
+        the user set) and ``fix``. ``reader_options`` go to PrometheusMetricReader."""
         from prometheus_client import CollectorRegistry, start_http_server
 
         registry = CollectorRegistry(auto_describe=True)
-        super().__init__(registry=registry)
+        super().__init__(registry=registry, **reader_options)
         try:
             self._server, _thread = start_http_server(port, addr=host, registry=registry)
         except OSError as exc:  # port taken, address not on this host, unknown host name
             raise UsageError(
                 f"cannot serve Prometheus metrics on {host}:{port} "
-                f"({PROMETHEUS_HOST_ENV} / {PROMETHEUS_PORT_ENV}): {exc.strerror or exc}; "
-                f"choose a free port with {PROMETHEUS_PORT_ENV}"
+                f"({setting}): {exc.strerror or exc}; {fix}"
             ) from None
         self.address = (host, self._server.server_port)
         log.info("serving Prometheus metrics at http://%s:%d/metrics", *self.address)

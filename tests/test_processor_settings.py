@@ -167,8 +167,8 @@ def test_help_shows_each_variable_and_default() -> None:
     for line in (
         "--health HOST:PORT serve HTTP `/healthz` and `/stats` here (env "
         "OTEL_GPU_PROCESSOR_HEALTH, default off)",
-        "--prometheus HOST:PORT serve the detector outputs as Prometheus /metrics here (env "
-        "OTEL_GPU_PROCESSOR_PROMETHEUS, default off)",
+        "--prometheus HOST:PORT serve the detector metrics and the processor's own metrics as "
+        "Prometheus `/metrics` here (see Deploy) (env OTEL_GPU_PROCESSOR_PROMETHEUS, default off)",
         "(env OTEL_GPU_PROCESSOR_LISTEN, default 127.0.0.1:4317)",
         "--stall-after SECONDS `/healthz` fails when no request was accepted for this many "
         "seconds after the first one (default 300)",

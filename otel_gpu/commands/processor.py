@@ -57,15 +57,21 @@ def run_processor(args: argparse.Namespace) -> int:
     from otel_gpu.detect.breaker import BreakerConfig
     from otel_gpu.detect.config import DetectConfig
     from otel_gpu.detect.engine import Engine
+    from otel_gpu.processor.scrape import ProcessorScrape
     from otel_gpu.processor.server import Processor
 
     actions_config = ActionsConfig.from_env()
     actions = ActionDispatcher.from_config(actions_config, source="otel-gpu processor")
+    scrape = None
+    if config.prometheus:
+        # Bound before anything is served: a taken port ends the command here (exit 2).
+        scrape = ProcessorScrape(config.prometheus, config.source("prometheus"), config.max_series)
     processor = Processor(
         config,
         engine=Engine(DetectConfig.from_env()),
         breaker_config=BreakerConfig.from_env(),
         actions=actions,
+        scrape=scrape,
     )
     stop = threading.Event()
 
@@ -78,6 +84,8 @@ def run_processor(args: argparse.Namespace) -> int:
         where = [f"listening on {processor.address}" + (" (TLS)" if config.tls_cert else "")]
         if processor.health_address:
             where.append(f"health on http://{processor.health_address}/healthz")
+        if scrape is not None:
+            where.append(f"Prometheus metrics on http://{scrape.address}/metrics")
         where.append(
             "forwarding to " + ", ".join(d.target for d in config.forward)
             if config.forward

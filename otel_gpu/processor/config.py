@@ -193,7 +193,8 @@ DECLARED = (
     ),
     Setting(
         "prometheus", "OTEL_GPU_PROCESSOR_PROMETHEUS", _address,
-        "serve the detector outputs as Prometheus /metrics here", "off", "--prometheus",
+        "serve the detector metrics and the processor's own metrics as Prometheus `/metrics` "
+        "here (see Deploy)", "off", "--prometheus",
         "HOST:PORT",
     ),
     Setting(

@@ -50,6 +50,7 @@ from otel_gpu.processor.health import HealthServer
 from otel_gpu.processor.memlimit import MemoryLimiter
 from otel_gpu.processor.pipeline import Actions, Detection
 from otel_gpu.processor.queue import DiskQueue, ForwardQueue, MemoryQueue, queue_file
+from otel_gpu.processor.scrape import DETECTOR, TELEMETRY, ProcessorScrape
 from otel_gpu.processor.store import StateStore
 from otel_gpu.processor.telemetry import SIGNALS, self_metrics_request
 from otel_gpu.processor.wire import (
@@ -88,8 +89,10 @@ class Processor:
         breaker_config: BreakerConfig | None = None,
         actions: Any = None,
         memory: MemoryLimiter | None = None,
+        scrape: ProcessorScrape | None = None,
     ) -> None:
         self.config = config
+        self._scrape = scrape  # served until stop(), which closes it
         self._store = StateStore(config.state_path, source=config.source("state_path"))
         bcfg = breaker_config or BreakerConfig()
         saved = self._store.load_breaker()
@@ -223,6 +226,8 @@ class Processor:
             self._actions.close(max(0.1, deadline - time.monotonic()))
         if self._health is not None:
             self._health.close()
+        if self._scrape is not None:
+            self._scrape.close(max(0.1, min(2.0, deadline - time.monotonic())))
 
     def _tick_loop(self) -> None:
         while not self._stopped.wait(_TICK_S):
@@ -238,9 +243,14 @@ class Processor:
                 log.exception("processor tick failed")
 
     def _export_self_metrics(self) -> None:
-        """The processor's own counters, downstream as OTLP metrics (as the Collector does)."""
-        if self.forwarders:
-            self._send(METRICS_EXPORT, self_metrics_request(self.stats(), self._start_ns))
+        """The processor's own counters, downstream as OTLP metrics (as the Collector does)
+        and on the scrape endpoint."""
+        if self.forwarders or self._scrape is not None:
+            payload = self_metrics_request(self.stats(), self._start_ns)
+            for f in self.forwarders:
+                f.submit(METRICS_EXPORT, payload)
+            if self._scrape is not None:
+                self._scrape.publish(TELEMETRY, payload)
 
     # -- gRPC plumbing -------------------------------------------------------------------------
 
@@ -412,8 +422,11 @@ class Processor:
         return b""
 
     def _send(self, method: str, payload: bytes) -> None:
+        """Detection's outputs: downstream, and its metrics on the scrape endpoint."""
         for f in self.forwarders:
             f.submit(method, payload)
+        if method == METRICS_EXPORT and self._scrape is not None:
+            self._scrape.publish(DETECTOR, payload)
 
     def _count(self, name: str, signal: str | None = None) -> None:
         """Count ``name`` (if any) and, with ``signal``, that signal's accepted ("" name) or
