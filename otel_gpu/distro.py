@@ -16,6 +16,9 @@ configurator then decides what this process is (:func:`~otel_gpu.tracing.context
   sampler (:func:`otel_gpu.agent.start_in_process`, which also takes a per-node lock);
 - ``off`` (multiprocessing spawn workers, torch.compile workers): nothing.
 
+Every role but ``off`` also fixes the job's ``service.instance.id`` in ``OTEL_RESOURCE_ATTRIBUTES``
+(:mod:`otel_gpu.job_identity`) before anything starts, so all the job's processes share it.
+
 The SDK pipeline itself is in :mod:`otel_gpu.tracing.pipeline`, imported by ``trainer`` and
 ``node`` processes only.
 """
@@ -31,6 +34,7 @@ from typing import Any
 from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr-defined]
 
 from otel_gpu.errors import UsageError
+from otel_gpu.job_identity import ensure_instance_id
 from otel_gpu.tracing import context
 from otel_gpu.tracing.settings import TracingSettings
 
@@ -98,6 +102,9 @@ def configure(
     if role == context.OFF:
         return None
     context.ensure_run_context(os.environ)
+    # The job's id, chosen here unless a wrapper or the user gave one, so the processes this
+    # one starts report it too (a launcher's ranks, a trainer's workers).
+    ensure_instance_id(os.environ)
     if role == context.LAUNCHER:
         return None
     from otel_gpu.tracing import pipeline

@@ -233,8 +233,11 @@ def shutdown_provider(provider: MeterProvider, timeout_s: float) -> bool:
 
 
 def default_service_name(command: Sequence[str] | None = None) -> str:
-    """``OTEL_SERVICE_NAME`` when set, else the watched command's program name."""
-    name = os.environ.get("OTEL_SERVICE_NAME")
+    """The service name the environment gives (``OTEL_SERVICE_NAME``, else ``service.name`` in
+    ``OTEL_RESOURCE_ATTRIBUTES``), else the watched command's program name."""
+    from otel_gpu.job_identity import given_service_name
+
+    name = given_service_name(os.environ)
     if name:
         return name
     if command:

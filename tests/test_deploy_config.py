@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -252,13 +253,42 @@ def test_the_compose_collector_talks_to_the_compose_services() -> None:
     assert config["service"]["pipelines"]["logs/backends"]["exporters"] == ["otlphttp/loki"]
 
 
-def test_the_gateway_keeps_each_reporter_on_one_processor_replica() -> None:
+# What `otel-gpu run` does to build its resource and the job's environment, in a fresh process
+# whose environment is the user's (one who names a namespace, as a fleet would).
+_AGENT_RESOURCE = """
+import json
+from otel_gpu.commands.common import build_resource, job_environment
+from otel_gpu.commands.run import shared_identity
+from otel_gpu.export import default_service_name
+cmd = ["python", "train.py"]
+env = shared_identity(job_environment(), default_service_name(cmd))
+print(json.dumps(dict(build_resource(None, cmd, None, env).attributes), default=str))
+"""
+
+
+def test_the_gateway_keeps_each_job_on_one_processor_replica() -> None:
+    """The gateway hashes the attributes that name a job (never process.pid), all of them on
+    a real agent resource, and none outside the processor's own job key: one job, one key."""
+    from otel_gpu.processor.decode import IDENTITY_KEYS
+
     gateway = _collector("otelcol-gateway.yaml")
-    balancer = gateway["exporters"]["loadbalancing/otel-gpu"]
-    assert balancer["routing_key"] == "resource"  # the resource carries service.instance.id
+    balancer = gateway["exporters"]["load_balancing/otel-gpu"]
+    assert balancer["routing_key"] == "attributes"
+    keys = balancer["routing_attributes"]
+    assert "service.instance.id" in keys and "process.pid" not in keys
+    assert set(keys) <= set(IDENTITY_KEYS) - {"process.pid"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update(OTEL_RESOURCE_ATTRIBUTES="service.namespace=ml-team", PYTHONPATH=str(ROOT))
+    res = subprocess.run(
+        [sys.executable, "-c", _AGENT_RESOURCE],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    resource = json.loads(res.stdout)
+    assert {k: bool(resource.get(k)) for k in keys} == {k: True for k in keys}, resource
     assert balancer["resolver"]["dns"]["port"] == 14317
     pipelines = gateway["service"]["pipelines"]
-    assert pipelines["metrics/ingest"]["exporters"] == ["loadbalancing/otel-gpu"]
+    assert pipelines["metrics/ingest"]["exporters"] == ["load_balancing/otel-gpu"]
     assert "otlp/processed" in pipelines["metrics/backends"]["receivers"]
     agent = _collector("otelcol-agent.yaml")
     for pipeline in agent["service"]["pipelines"].values():

@@ -8,12 +8,14 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 from fakenvml.fixtures import FakeNvml
 from opentelemetry.sdk.resources import get_aggregated_resources
 
+from otel_gpu.job_identity import instance_id
 from otel_gpu.resource import (
     GitResourceDetector,
     GpuHostResourceDetector,
@@ -280,6 +282,7 @@ def test_torchrun_and_slurm_environment() -> None:
         "SLURM_NODEID": "1",
     }
     assert dict(JobResourceDetector(env=env).detect().attributes) == {
+        "service.instance.id": instance_id(env),  # none given: this process's
         "otel_gpu.job.rank": 5,
         "otel_gpu.job.local_rank": 1,
         "otel_gpu.job.world_size": 8,
@@ -293,6 +296,27 @@ def test_torchrun_and_slurm_environment() -> None:
         "otel_gpu.slurm.proc.id": 5,
         "otel_gpu.slurm.node.id": 1,
     }
+
+
+@pytest.mark.parametrize(
+    ("resource_attributes", "expected"),
+    [
+        ("service.instance.id=run-7", "run-7"),
+        ("team=ml,service.instance.id=sft%2F7", "sft/7"),
+        ("team=ml", None),  # none given: one id for this process, whatever asks
+        ("service.instance.id=", None),
+    ],
+)
+def test_the_job_is_named_by_the_given_id_else_by_this_processs(
+    resource_attributes: str, expected: str | None
+) -> None:
+    env = {"OTEL_RESOURCE_ATTRIBUTES": resource_attributes}
+    found = [JobResourceDetector(env=env).detect().attributes["service.instance.id"] for _ in "ab"]
+    assert found[0] == found[1] == (expected or instance_id({}))
+    if expected is None:
+        assert uuid.UUID(str(found[0])).version == 4
+    # Re-run after a fork, after the SDK's own detector that would give a worker a new id.
+    assert JobResourceDetector(env=env).is_process_dependent()
 
 
 def test_kubernetes_from_downward_api_and_service_account(tmp_path: Path) -> None:

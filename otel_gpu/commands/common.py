@@ -48,11 +48,17 @@ def setup_logging(verbose: bool) -> None:
 
 
 def build_resource(
-    service_name: str | None, command: Sequence[str] | None = None, settings: Settings | None = None
+    service_name: str | None,
+    command: Sequence[str] | None = None,
+    settings: Settings | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Resource:
-    """Service, git provenance, GPU host and job context (each detector is bounded and never
-    raises). The host detector reads the same GPU source the agent will (NVML or simulated).
-    Command-line attributes (the SDK's process detector) follow ``process_command``."""
+    """Service, host, git provenance, GPU host and job context (each detector is bounded and
+    never raises): the detectors the distro gives an instrumented process, so the job's
+    processes name the same service, host and job (``service.instance.id`` from ``env``, the
+    job's environment; default: this process's). The GPU host detector reads the same GPU
+    source the agent will (NVML or simulated). Command-line attributes (the SDK's process
+    detector) follow ``process_command``."""
     from opentelemetry.sdk.resources import ResourceDetector, get_aggregated_resources
 
     from otel_gpu.export import default_service_name
@@ -61,7 +67,11 @@ def build_resource(
     from otel_gpu.resource import GitResourceDetector, GpuHostResourceDetector, JobResourceDetector
     from otel_gpu.resource.host import host_info_source
 
-    detectors: list[ResourceDetector] = [GitResourceDetector(), JobResourceDetector()]
+    detectors: list[ResourceDetector] = [
+        *_sdk_detectors("host"),
+        GitResourceDetector(),
+        JobResourceDetector(env=env),
+    ]
     if settings is not None:
         chosen = settings
         detectors.append(
@@ -74,6 +84,20 @@ def build_resource(
     resource = get_aggregated_resources(detectors, initial_resource=base, timeout=5)
     mode = settings.process_command if settings is not None else COMMAND_REDACTED
     return redact_resource(resource, mode)
+
+
+def _sdk_detectors(*names: str) -> list[Any]:
+    """The SDK's resource detectors registered under ``names`` (entry points, as
+    ``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS`` selects them); one missing from this SDK is left
+    out."""
+    from importlib.metadata import entry_points
+
+    found = []
+    for name in names:
+        for entry in entry_points(group="opentelemetry_resource_detector", name=name):
+            found.append(entry.load()())
+            break
+    return found
 
 
 class AgentEndpoints:

@@ -22,6 +22,7 @@ from otel_gpu.commands.common import (
 )
 from otel_gpu.commands.outputs import RunOutputs, add_output_options
 from otel_gpu.errors import UsageError
+from otel_gpu.job_identity import SERVICE_NAME_ENV, ensure_instance_id, given_service_name
 
 log = logging.getLogger("otel_gpu.run")
 
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     setup_logging(args.verbose)
     from otel_gpu.agent import Agent, acquire_node_lock
-    from otel_gpu.export import close_all, meter_provider, shutdown_provider
+    from otel_gpu.export import close_all, default_service_name, meter_provider, shutdown_provider
     from otel_gpu.watchdog import DetectionSettings
 
     # Resolved now: a bad OTEL_GPU_* setting refuses to start, never runs the job unwatched.
@@ -102,9 +103,10 @@ def run(args: argparse.Namespace) -> int:
     outputs = RunOutputs(args, f"otel-gpu run {os.path.basename(cmd[0])}")
     # Own the node before the job starts, so an auto-instrumented job does not sample it twice.
     acquire_node_lock(settings.lock_dir)
+    env = shared_identity(job_environment(), args.service_name or default_service_name(cmd))
     provider = meter_provider(
         settings,
-        build_resource(args.service_name, cmd, settings),
+        build_resource(args.service_name, cmd, settings, env),
         export_health=endpoints.export_health,
     )
     job: list[subprocess.Popen] = []
@@ -124,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     code: int | None = None
     try:
         try:
-            job.append(subprocess.Popen(cmd, start_new_session=True, env=job_environment()))
+            job.append(subprocess.Popen(cmd, start_new_session=True, env=env))
         except OSError as exc:
             raise UsageError(f"cannot start {cmd[0]!r}: {exc.strerror}") from None
         for signum in early:
@@ -161,6 +163,18 @@ def run(args: argparse.Namespace) -> int:
             outputs.finish(code, cmd)
     assert code is not None
     return code
+
+
+def shared_identity(env: dict[str, str], service_name: str) -> dict[str, str]:
+    """``env`` (the job's) with the identity the wrapper reports itself: its
+    ``service.instance.id`` (one per run, unless the user gave one) and, unless the user named
+    the job's service some other way, its service name. The trainer then reports the same
+    job, so the processor joins its training.phase with these GPUs and the fleet gateway sends
+    both to one replica."""
+    ensure_instance_id(env)
+    if service_name != given_service_name(env):
+        env[SERVICE_NAME_ENV] = service_name
+    return env
 
 
 def wait_child(child: subprocess.Popen) -> int:

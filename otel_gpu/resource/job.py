@@ -1,5 +1,7 @@
-"""The process's place in a distributed job, from the environment its launcher set.
+"""The job a process belongs to and its place in it, from the environment its launcher set.
 
+``service.instance.id`` names the job: one id shared by its processes
+(:mod:`otel_gpu.job_identity`).
 torchrun / torch.distributed (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
 ``GROUP_RANK`` or ``NODE_RANK``, ``TORCHELASTIC_RUN_ID``), Slurm (``SLURM_*``) and Kubernetes
 (``POD_NAME`` / ``POD_NAMESPACE`` / ``NODE_NAME`` from the downward API, else ``HOSTNAME`` and
@@ -16,6 +18,8 @@ from collections.abc import Mapping
 
 from opentelemetry.sdk.resources import Resource, ResourceDetector
 from opentelemetry.util.types import AttributeValue
+
+from otel_gpu.job_identity import SERVICE_INSTANCE_ID, instance_id
 
 log = logging.getLogger("otel_gpu.resource")
 
@@ -98,7 +102,8 @@ def _k8s_attributes(env: Mapping[str, str], sa_namespace_file: str) -> dict[str,
 
 
 class JobResourceDetector(ResourceDetector):
-    """Rank, local rank, world size, node rank, run id, Slurm ids and Kubernetes pod identity."""
+    """The job's ``service.instance.id``; rank, local rank, world size, node rank, run id, Slurm
+    ids and Kubernetes pod identity."""
 
     def __init__(
         self, raise_on_error: bool = False, *, env: Mapping[str, str] | None = None
@@ -106,9 +111,16 @@ class JobResourceDetector(ResourceDetector):
         super().__init__(raise_on_error)
         self.env = env
 
+    def is_process_dependent(self) -> bool:
+        # After a fork (a DataLoader worker) the SDK (1.4x) re-runs the process-dependent
+        # detectors over the providers' resource, and its own service_instance detector then
+        # hands the child a new random id. Run again after it, this one puts the job's back.
+        return True
+
     def detect(self) -> Resource:
+        env = os.environ if self.env is None else self.env
         try:
-            return Resource(job_attributes(self.env))
+            return Resource({SERVICE_INSTANCE_ID: instance_id(env), **job_attributes(env)})
         except Exception as exc:  # never break the SDK's start-up
             log.warning("job attributes not recorded: %s: %s", type(exc).__name__, exc)
             return Resource.get_empty()

@@ -1,0 +1,93 @@
+"""One ``service.instance.id`` per job, shared by every process of the job.
+
+A fleet gateway keeps a job's series on one processor replica by hashing the resource
+attributes that name the job (``collector-config/otelcol-gateway.yaml``), and the processor joins
+a trainer's ``training.phase`` with the GPUs an agent process beside it reports only when both
+resources name the same job. So the wrapper (``otel-gpu run``), the instrumented trainer, its
+child processes and its forked DataLoader workers must all report the same id.
+
+The id travels in ``OTEL_RESOURCE_ATTRIBUTES``, the variable every OpenTelemetry SDK reads:
+:func:`ensure_instance_id` appends ``service.instance.id=<UUID4>`` there unless the user already
+gave one (theirs always wins). ``otel-gpu run`` does it for the job's environment, and the
+distro does it in an instrumented process without a wrapper, so the processes it starts
+inherit the id too. ``watch`` and ``sidecar`` get one id per agent process
+(:func:`instance_id`).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Mapping, MutableMapping
+from urllib.parse import quote, unquote
+
+RESOURCE_ATTRIBUTES_ENV = "OTEL_RESOURCE_ATTRIBUTES"
+SERVICE_NAME_ENV = "OTEL_SERVICE_NAME"
+SERVICE_INSTANCE_ID = "service.instance.id"
+SERVICE_NAME = "service.name"
+
+_lock = threading.Lock()
+_process_id: str | None = None
+
+
+def resource_attributes(env: Mapping[str, str]) -> dict[str, str]:
+    """``OTEL_RESOURCE_ATTRIBUTES`` of ``env`` read the way the OpenTelemetry SDK reads it:
+    comma-separated ``key=value`` items, values percent-decoded, an item without ``=``
+    skipped, and the last of repeated keys kept."""
+    attrs: dict[str, str] = {}
+    for item in env.get(RESOURCE_ATTRIBUTES_ENV, "").split(","):
+        key, sep, value = item.partition("=")
+        if sep:
+            attrs[key.strip()] = unquote(value.strip())
+    return attrs
+
+
+def given_instance_id(env: Mapping[str, str]) -> str | None:
+    """The ``service.instance.id`` the user (or a wrapper) put in ``OTEL_RESOURCE_ATTRIBUTES``,
+    or None. An empty value is no id."""
+    return resource_attributes(env).get(SERVICE_INSTANCE_ID) or None
+
+
+def given_service_name(env: Mapping[str, str]) -> str | None:
+    """The service name the SDK would take from ``env``: ``OTEL_SERVICE_NAME``, else the
+    ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``; None when neither is set."""
+    return (
+        env.get(SERVICE_NAME_ENV, "").strip() or resource_attributes(env).get(SERVICE_NAME) or None
+    )
+
+
+def ensure_instance_id(env: MutableMapping[str, str]) -> str:
+    """The job's id in ``env``, first appended to its ``OTEL_RESOURCE_ATTRIBUTES`` (a new
+    UUID4) when none is there.
+
+    What was there is kept as written, malformed items included: the id is appended after a
+    comma (none doubled), percent-encoded as the specification asks of values.
+    """
+    given = given_instance_id(env)
+    if given is not None:
+        return given
+    new = str(uuid.uuid4())
+    existing = env.get(RESOURCE_ATTRIBUTES_ENV, "").rstrip()
+    item = f"{SERVICE_INSTANCE_ID}={quote(new, safe='')}"
+    if not existing.strip():
+        env[RESOURCE_ATTRIBUTES_ENV] = item
+    elif existing.endswith(","):
+        env[RESOURCE_ATTRIBUTES_ENV] = existing + item
+    else:
+        env[RESOURCE_ATTRIBUTES_ENV] = f"{existing},{item}"
+    return new
+
+
+def instance_id(env: Mapping[str, str]) -> str:
+    """The id ``env`` gives, else one UUID4 for this process, chosen on first use.
+
+    Not regenerated in a forked child: a DataLoader worker is part of its parent's job.
+    """
+    given = given_instance_id(env)
+    if given is not None:
+        return given
+    global _process_id
+    with _lock:
+        if _process_id is None:
+            _process_id = str(uuid.uuid4())
+        return _process_id

@@ -1,0 +1,211 @@
+"""One ``service.instance.id`` per job, shared by its processes, so the fleet gateway keeps a job
+on one processor replica and the processor joins the trainer's phase with the wrapper's GPUs.
+
+Real processes: ``otel-gpu run`` around an ``opentelemetry-instrument``-ed trainer (which also
+forks a worker, as a DataLoader does), both exporting over the SDK's OTLP gRPC exporter to a
+receiver on 127.0.0.1; the processor's own decoder reads the exported requests.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from otlp_sink import OtlpSink, attrs
+from test_cli import CLI, _env
+
+from otel_gpu.job_identity import (
+    RESOURCE_ATTRIBUTES_ENV,
+    ensure_instance_id,
+    resource_attributes,
+)
+from otel_gpu.processor.decode import resource_info
+
+ROOT = Path(__file__).resolve().parents[1]
+INSTRUMENT = str(Path(sys.executable).parent / "opentelemetry-instrument")
+GATEWAY = ROOT / "collector-config" / "otelcol-gateway.yaml"
+
+# The OpenTelemetry SDK's own reading of OTEL_RESOURCE_ATTRIBUTES, for each value on stdin.
+_SDK_READS = """
+import json, os, sys
+from opentelemetry.sdk.resources import OTELResourceDetector
+out = []
+for raw in json.load(sys.stdin):
+    os.environ.pop("OTEL_RESOURCE_ATTRIBUTES", None)
+    if raw is not None:
+        os.environ["OTEL_RESOURCE_ATTRIBUTES"] = raw
+    out.append(dict(OTELResourceDetector().detect().attributes))
+print(json.dumps(out))
+"""
+
+ID = "service.instance.id"
+
+# (OTEL_RESOURCE_ATTRIBUTES as the user set it, the id they gave)
+GIVEN = [
+    (None, None),
+    ("", None),
+    ("  ", None),
+    ("team=ml", None),
+    ("team=ml,", None),
+    ("team=ml, ", None),
+    ("oops,team=ml", None),  # a malformed item stays as it was: the SDK skips it, as before
+    ("team=a%2Cb", None),  # an encoded comma stays encoded
+    (f"{ID}=", None),  # an empty value is no id
+    (f"{ID}=mine", "mine"),
+    (f"team=ml, {ID} = sft%2Frun-7", "sft/run-7"),  # spaces and percent-encoding, as the SDK
+]
+
+
+def _sdk_reads(values: list[str | None]) -> list[dict[str, str]]:
+    res = subprocess.run(
+        [sys.executable, "-c", _SDK_READS], input=json.dumps(values),
+        capture_output=True, text=True, timeout=60, env=_env(),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)  # type: ignore[no-any-return]
+
+
+def test_the_id_is_added_to_what_the_user_set_and_theirs_is_kept() -> None:
+    after: list[str | None] = []
+    ids = []
+    for raw, given in GIVEN:
+        env = {} if raw is None else {RESOURCE_ATTRIBUTES_ENV: raw}
+        ids.append(ensure_instance_id(env))
+        after.append(env[RESOURCE_ATTRIBUTES_ENV])
+        if given is not None:
+            assert ids[-1] == given and after[-1] == raw  # untouched
+        else:
+            assert uuid.UUID(ids[-1]).version == 4
+            assert after[-1].startswith((raw or "").rstrip())  # what was there, as written
+    sdk_before = _sdk_reads([raw for raw, _ in GIVEN])
+    sdk_after = _sdk_reads(after)
+    for (raw, _given), before, now, new_id in zip(GIVEN, sdk_before, sdk_after, ids, strict=True):
+        # The SDK reads the same attributes, with the job's id.
+        assert now == {**before, ID: new_id}, raw
+        # And this module reads OTEL_RESOURCE_ATTRIBUTES as the SDK does.
+        assert resource_attributes({RESOURCE_ATTRIBUTES_ENV: raw or ""}) == before, raw
+    assert len(set(ids)) == len(ids)  # a new id each time, or the one given
+
+
+# -- otel-gpu run around an instrumented trainer -----------------------------------------------
+
+TRAINER = """
+import os, sys, time
+import otel_gpu
+from opentelemetry import trace
+print(os.environ["OTEL_RESOURCE_ATTRIBUTES"], flush=True)
+otel_gpu.step(1)
+with otel_gpu.phase("train"):
+    trace.get_tracer("job").start_span("probe").end()
+    worker = os.fork()  # what a DataLoader worker is: the trainer's providers, forked
+    if worker == 0:
+        resource = trace.get_tracer_provider().resource.attributes
+        with open(sys.argv[1], "w") as f:
+            f.write(resource["service.instance.id"])
+        os._exit(0)
+    os.waitpid(worker, 0)
+    time.sleep(2.0)  # training.phase / training.step exported a few times
+"""
+
+
+def _run(
+    sink: OtlpSink, tmp_path: Path, *job: str, options: tuple[str, ...] = (), **env: str
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*CLI, "run", "--simulate", "steady", "--no-detect", "--interval", "0.2",
+         "--export-interval", "0.5", *options, "--", *job],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env=_env(
+            OTEL_EXPORTER_OTLP_ENDPOINT=sink.endpoint, OTEL_EXPORTER_OTLP_INSECURE="true",
+            OTEL_METRIC_EXPORT_INTERVAL="500", OTEL_GPU_LOCK_DIR=str(tmp_path),
+            PYTHONPATH=str(ROOT), **env,
+        ),
+    )  # fmt: skip
+
+
+def _reporters(sink: OtlpSink) -> dict[str, list[tuple[dict[str, Any], bytes]]]:
+    """Resources (attributes, encoded) of the wrapper's GPU series, of the trainer's training
+    series and of its spans."""
+    found: dict[str, list[tuple[dict[str, Any], bytes]]] = {"gpu": [], "training": [], "spans": []}
+    for _peer, req in sink.metric_requests:
+        for rm in req.resource_metrics:
+            names = {m.name for sm in rm.scope_metrics for m in sm.metrics}
+            entry = (attrs(rm.resource.attributes), rm.resource.SerializeToString())
+            if "hw.gpu.memory.usage" in names:
+                found["gpu"].append(entry)
+            if {"training.phase", "training.step"} & names:
+                found["training"].append(entry)
+    for _peer, req in sink.trace_requests:
+        for rs in req.resource_spans:
+            found["spans"].append((attrs(rs.resource.attributes), rs.resource.SerializeToString()))
+    assert all(found.values()), {k: len(v) for k, v in found.items()}
+    return found
+
+
+def _routing_keys() -> list[str]:
+    exporters = yaml.safe_load(GATEWAY.read_text())["exporters"]
+    return exporters["load_balancing/otel-gpu"]["routing_attributes"]  # type: ignore[no-any-return]
+
+
+def _one_job(found: dict[str, list[tuple[dict[str, Any], bytes]]]) -> str:
+    """Every reporter names the same job (to the processor and to the gateway); its id."""
+    everything = [entry for entries in found.values() for entry in entries]
+    assert len({r[ID] for r, _raw in everything}) == 1
+    gpu, trainer = found["gpu"][0], found["training"][0]
+    assert "process.pid" not in gpu[0] and isinstance(trainer[0]["process.pid"], int)
+    jobs = {resource_info(raw).job for _r, raw in everything}
+    assert len(jobs) == 1, jobs  # the phase applies to the wrapper's GPUs
+    assert resource_info(gpu[1]).label != resource_info(trainer[1]).label  # two processes
+    keys = _routing_keys()
+    assert len({tuple(r.get(k) for k in keys) for r, _raw in everything}) == 1  # one replica
+    return str(gpu[0][ID])
+
+
+def test_the_wrapper_and_the_instrumented_trainer_report_one_job(tmp_path: Path) -> None:
+    worker_id = tmp_path / "worker-id"
+    with OtlpSink() as sink:
+        res = _run(sink, tmp_path, INSTRUMENT, sys.executable, "-c", TRAINER, str(worker_id))
+        assert res.returncode == 0, res.stderr[-3000:]
+        found = _reporters(sink)
+    job_id = _one_job(found)
+    assert uuid.UUID(job_id).version == 4
+    assert res.stdout.splitlines()[0] == f"{ID}={job_id}"  # handed to the job's environment
+    assert worker_id.read_text() == job_id  # the forked worker kept it (the SDK alone: a new one)
+    assert found["gpu"][0][0]["service.name"] == found["spans"][0][0]["service.name"]
+
+    # Another run is another job, even with a malformed OTEL_RESOURCE_ATTRIBUTES, kept as it was.
+    with OtlpSink() as sink:
+        show = "import os; print(os.environ['OTEL_RESOURCE_ATTRIBUTES'])"
+        res = _run(sink, tmp_path, sys.executable, "-c", show,
+                   OTEL_RESOURCE_ATTRIBUTES="team=ml,oops")  # fmt: skip
+        assert res.returncode == 0, res.stderr[-3000:]
+        wrapper = [attrs(rm.resource.attributes) for _p, r in sink.metric_requests
+                   for rm in r.resource_metrics]  # fmt: skip
+    other_id = wrapper[0][ID]
+    assert other_id != job_id and uuid.UUID(other_id).version == 4
+    assert res.stdout.strip() == f"team=ml,oops,{ID}={other_id}"
+    assert wrapper[0]["team"] == "ml"
+
+
+@pytest.mark.parametrize("flag", [(), ("--service-name", "sft")])
+def test_a_user_given_id_is_kept_by_the_wrapper_and_the_trainer(
+    tmp_path: Path, flag: tuple[str, ...]
+) -> None:
+    given = "service.namespace=ml-team,service.instance.id=sft%2Frun-7"
+    with OtlpSink() as sink:
+        res = _run(sink, tmp_path, INSTRUMENT, sys.executable, "-c", TRAINER,
+                   str(tmp_path / "worker-id"), options=flag,
+                   OTEL_RESOURCE_ATTRIBUTES=given)  # fmt: skip
+        assert res.returncode == 0, res.stderr[-3000:]
+        found = _reporters(sink)
+    assert _one_job(found) == "sft/run-7"
+    assert res.stdout.splitlines()[0] == given  # not rewritten
+    assert {r["service.namespace"] for entries in found.values() for r, _ in entries} == {"ml-team"}
+    if flag:  # --service-name names the trainer's service too
+        assert {r["service.name"] for entries in found.values() for r, _ in entries} == {"sft"}
