@@ -20,9 +20,12 @@ import yaml
 from otlp_sink import OtlpSink, attrs
 from test_cli import CLI, _env
 
+from otel_gpu.commands.run import shared_identity
 from otel_gpu.job_identity import (
     RESOURCE_ATTRIBUTES_ENV,
+    SERVICE_NAME_ENV,
     ensure_instance_id,
+    given_service_name,
     resource_attributes,
 )
 from otel_gpu.processor.decode import resource_info
@@ -91,6 +94,25 @@ def test_the_id_is_added_to_what_the_user_set_and_theirs_is_kept() -> None:
         # And this module reads OTEL_RESOURCE_ATTRIBUTES as the SDK does.
         assert resource_attributes({RESOURCE_ATTRIBUTES_ENV: raw or ""}) == before, raw
     assert len(set(ids)) == len(ids)  # a new id each time, or the one given
+
+
+@pytest.mark.parametrize(
+    ("env", "wrapper_name", "sdk_name", "job_name"),
+    [
+        ({}, "python", None, "python"),  # the job gets the wrapper's default name
+        ({SERVICE_NAME_ENV: "sft"}, "sft", "sft", "sft"),
+        ({RESOURCE_ATTRIBUTES_ENV: "service.name=sft%20a"}, "sft a", "sft a", None),  # kept
+        ({SERVICE_NAME_ENV: "x", RESOURCE_ATTRIBUTES_ENV: "service.name=y"}, "x", "x", "x"),
+        ({SERVICE_NAME_ENV: "x"}, "flag", "x", "flag"),  # --service-name names both
+    ],
+)
+def test_the_job_is_given_the_wrappers_service_name_unless_it_has_the_same(
+    env: dict[str, str], wrapper_name: str, sdk_name: str | None, job_name: str | None
+) -> None:
+    assert given_service_name(env) == sdk_name  # OTEL_SERVICE_NAME first, as the SDK
+    job = shared_identity(dict(env), wrapper_name)
+    assert job.get(SERVICE_NAME_ENV) == job_name
+    assert given_service_name(job) == wrapper_name
 
 
 # -- otel-gpu run around an instrumented trainer -----------------------------------------------

@@ -21,7 +21,8 @@ def add_agent_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--service-name",
         metavar="NAME",
-        help="service.name of the exported resource (env OTEL_SERVICE_NAME; default: the program)",
+        help="service.name of the exported resource, which `run` gives the job too (env "
+        "OTEL_SERVICE_NAME; default: service.name in OTEL_RESOURCE_ATTRIBUTES, else the program)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log the agent's own activity")
 
@@ -95,7 +96,12 @@ def _sdk_detectors(*names: str) -> list[Any]:
     found = []
     for name in names:
         for entry in entry_points(group="opentelemetry_resource_detector", name=name):
-            found.append(entry.load()())
+            try:
+                found.append(entry.load()())
+            except Exception as exc:  # a broken installation must not stop the command
+                logging.getLogger("otel_gpu.resource").warning(
+                    "resource detector %r not loaded: %s", name, exc
+                )
             break
     return found
 

@@ -1,4 +1,5 @@
-"""OpenTelemetry resource detectors: git provenance, the GPU host, the job's place in a run.
+"""OpenTelemetry resource detectors: git provenance, the GPU host, the job (its
+``service.instance.id``, shared by its processes) and each process's place in it.
 
 Registered under the ``opentelemetry_resource_detector`` entry point group as ``otel_gpu_git``,
 ``otel_gpu_host`` and ``otel_gpu_job``, so ``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS`` selects them
