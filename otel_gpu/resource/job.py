@@ -112,7 +112,7 @@ class JobResourceDetector(ResourceDetector):
         self.env = env
 
     def is_process_dependent(self) -> bool:
-        # After a fork (a DataLoader worker) the SDK (1.4x) re-runs the process-dependent
+        # After a fork (a DataLoader worker) the SDK (1.44+) re-runs the process-dependent
         # detectors over the providers' resource, and its own service_instance detector then
         # hands the child a new random id. Run again after it, this one puts the job's back.
         return True
