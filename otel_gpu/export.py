@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -240,6 +241,33 @@ def default_service_name(command: Sequence[str] | None = None) -> str:
     name = given_service_name(os.environ)
     if name:
         return name
-    if command:
-        return os.path.basename(command[0]) or "otel-gpu"
-    return "otel-gpu"
+    return program_name(command or ()) or "otel-gpu"
+
+
+# Programs that only launch the one that names the job: `opentelemetry-instrument python -u
+# train.py` is the job "train", not "opentelemetry-instrument".
+_LAUNCHERS = frozenset({"opentelemetry-instrument", "env", "nohup", "time", "exec"})
+_PYTHON = re.compile(r"^python[0-9.]*$")
+
+
+def program_name(command: Sequence[str]) -> str:
+    """The name of the program a command runs, past launchers and the interpreter: the script's
+    stem (``train`` for ``python train.py``), the module (``python -m swift.cli.sft``) or the
+    program itself (``swift``, ``torchrun``)."""
+    words = list(command)
+    while words:
+        name = os.path.basename(words[0])
+        if name in _LAUNCHERS or "=" in name:  # env's NAME=value words too
+            words.pop(0)
+            continue
+        if _PYTHON.match(name):
+            words.pop(0)
+            while words and words[0].startswith("-") and words[0] != "-m":
+                words.pop(0)  # interpreter options such as -u, -O
+            if words[:1] == ["-m"] and len(words) > 1:
+                return words[1]
+            if not words:
+                return name
+            continue
+        return name.removesuffix(".py") or name
+    return ""

@@ -21,6 +21,7 @@ from otlp_sink import OtlpSink, attrs
 from test_cli import CLI, _env
 
 from otel_gpu.commands.run import shared_identity
+from otel_gpu.export import default_service_name
 from otel_gpu.job_identity import (
     RESOURCE_ATTRIBUTES_ENV,
     SERVICE_NAME_ENV,
@@ -113,6 +114,26 @@ def test_the_job_is_given_the_wrappers_service_name_unless_it_has_the_same(
     job = shared_identity(dict(env), wrapper_name)
     assert job.get(SERVICE_NAME_ENV) == job_name
     assert given_service_name(job) == wrapper_name
+
+
+@pytest.mark.parametrize(
+    ("command", "name"),
+    [
+        (["python", "train.py"], "train"),
+        (["opentelemetry-instrument", "python3.11", "-u", "/src/train.py", "--lr", "1"], "train"),
+        (["env", "RANK=0", "python", "-m", "swift.cli.sft"], "swift.cli.sft"),
+        (["swift", "sft", "--model", "m"], "swift"),
+        (["/usr/bin/torchrun", "--nproc-per-node", "2", "train.py"], "torchrun"),
+        (["python3"], "python3"),  # nothing past the interpreter: its own name
+        ([], "otel-gpu"),
+    ],
+)
+def test_the_default_service_name_is_the_program_past_launchers(
+    command: list[str], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(SERVICE_NAME_ENV, raising=False)
+    monkeypatch.delenv(RESOURCE_ATTRIBUTES_ENV, raising=False)
+    assert default_service_name(command) == name
 
 
 # -- otel-gpu run around an instrumented trainer -----------------------------------------------

@@ -22,7 +22,7 @@ def add_agent_options(parser: argparse.ArgumentParser) -> None:
         "--service-name",
         metavar="NAME",
         help="service.name of the exported resource, which `run` gives the job too (env "
-        "OTEL_SERVICE_NAME; default: service.name in OTEL_RESOURCE_ATTRIBUTES, else the program)",
+        "OTEL_SERVICE_NAME; default: service.name in OTEL_RESOURCE_ATTRIBUTES, else the program past launchers: train for python train.py)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log the agent's own activity")
 
