@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 # Alert kinds (contract: `otel-gpu analyze` prints these).
 LEAK = "leak"
@@ -16,21 +19,6 @@ PHASE_LOAD = "load"
 PHASE_TRAIN = "train"
 PHASE_EVALUATE = "evaluate"
 PHASE_SAVE = "save"
-
-
-# The numeric Point fields, in CSV column order (`otel-gpu analyze`) — also what the engine checks
-# for NaN and infinities.
-NUMERIC_FIELDS = (
-    "used_bytes",
-    "limit_bytes",
-    "util",
-    "power_w",
-    "power_limit_w",
-    "step",
-    "temperature_c",
-    "ecc_uncorrected",
-    "xid_errors",
-)
 
 
 @dataclass(slots=True)
@@ -59,6 +47,23 @@ class Point:
     ecc_uncorrected: float | None = None  # cumulative count
     xid_errors: float | None = None  # cumulative count
     extra: dict[str, float] = field(default_factory=dict)  # other metrics for anomaly bands
+
+
+def point(time: float, values: Mapping[str, Any]) -> Point:
+    """A Point at data time ``time`` (s) from field values by name: how the agent, the processor
+    and the CSV reader all build one (a name that is no Point field raises TypeError)."""
+    return Point(time=time, **values)
+
+
+def _numeric_fields() -> tuple[str, ...]:
+    hints = typing.get_type_hints(Point)
+    return tuple(f.name for f in fields(Point) if hints[f.name] == float | None)
+
+
+# The numeric (float) Point fields, in declaration order: the engine's NaN and infinity guard and
+# the CSV columns of `otel-gpu analyze`, read off Point itself so that a new field cannot be left
+# out of either.
+NUMERIC_FIELDS = _numeric_fields()
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,26 +14,22 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from otel_gpu.detect.model import Point
+from otel_gpu.detect.model import Point, point
 from otel_gpu.detect.subject import subject_attributes
 from otel_gpu.processor.decode import (
+    COUNTED,
     DEVICE,
-    F_ECC,
     F_LIMIT,
     F_PHASE,
-    F_PLIMIT,
-    F_POWER,
     F_PROCS,
-    F_TEMP,
-    F_USED,
-    F_UTIL,
-    F_XID,
+    FIELDS,
     PROCESS_GPU,
     ResourceInfo,
 )
 
-_NFIELDS = 9
+_NFIELDS = len(FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +126,7 @@ class Assembler:
         if s is None:
             return None
         dev = None
-        if kind == PROCESS_GPU and fld == F_USED:
+        if (kind, fld) in COUNTED:
             # Count the processes holding each GPU at a timestamp: the stall detector's
             # "someone holds the GPU" signal.
             dev = self._get(res, DEVICE, hw_id, None)
@@ -217,24 +213,13 @@ class Assembler:
                     phase = job.phase
                 if job.step_t and job.step_t <= t:
                     step = job.step
+        values: dict[str, Any] = dict(zip(FIELDS, v, strict=True))
         procs = v[F_PROCS]
-        # Positional, in Point's field order (one Point per subject per collection: hot).
-        point = Point(
-            t / 1e9,  # time
-            v[F_USED],
-            limit,  # limit_bytes
-            v[F_UTIL],
-            None if procs is None else int(procs),
-            phase,  # type: ignore[arg-type]
-            v[F_POWER],
-            v[F_PLIMIT],
-            step,  # type: ignore[arg-type]
-            v[F_TEMP],
-            v[F_ECC],
-            v[F_XID],
+        values.update(
+            limit_bytes=limit, procs=None if procs is None else int(procs), phase=phase, step=step
         )
         self.emitted += 1
-        self._emit(sub, point)
+        self._emit(sub, point(t / 1e9, values))
 
     def flush_due(self, now: float, all_pending: bool = False) -> None:
         """Emit points pending for ``grace_s`` or longer; all of them if ``all_pending``."""
