@@ -199,24 +199,14 @@ def _process_view(snap: Snapshot) -> _ProcessView:
     return view
 
 
-def _per_process(signal: Signal, field: str) -> Instrument:
-    """A signal copied from a ProcessSample field."""
+def _per_process(signal: Signal, field: str, *, on_gpu: bool = False) -> Instrument:
+    """A signal copied from a ProcessSample field, or with ``on_gpu`` from a GpuProcessSample
+    field (one process on one GPU)."""
 
     def read(snap: Snapshot) -> Iterator[Observation]:
-        for p, attrs in _process_view(snap).procs:
-            value = getattr(p, field)
-            if value is not None:
-                yield Observation(value, attrs)
-
-    return Instrument(signal, read, ((field, ()),))
-
-
-def _process_gpu(signal: Signal, field: str) -> Instrument:
-    """A signal copied from a GpuProcessSample field (one process on one GPU)."""
-
-    def read(snap: Snapshot) -> Iterator[Observation]:
-        for gp, attrs in _process_view(snap).gpu_procs:
-            value = getattr(gp, field)
+        view = _process_view(snap)
+        for sample, attrs in view.gpu_procs if on_gpu else view.procs:
+            value = getattr(sample, field)
             if value is not None:
                 yield Observation(value, attrs)
 
@@ -265,8 +255,8 @@ INSTRUMENTS: tuple[Instrument, ...] = (
         ("pcie_rx_bytes_per_s", {sig.IO_DIRECTION: "receive"}),
     ),
     Instrument(sig.GPU_THROTTLE, _throttle_reader()),
-    _process_gpu(sig.PROCESS_GPU_MEMORY, "used_memory"),
-    _process_gpu(sig.PROCESS_GPU_UTILIZATION, "sm_util"),
+    _per_process(sig.PROCESS_GPU_MEMORY, "used_memory", on_gpu=True),
+    _per_process(sig.PROCESS_GPU_UTILIZATION, "sm_util", on_gpu=True),
     _per_process(sig.PROCESS_CPU_UTILIZATION, "cpu_utilization"),
     _per_process(sig.PROCESS_MEMORY, "memory_rss"),
     _per_process(sig.PROCESS_MEMORY_VIRTUAL, "memory_virtual"),
