@@ -26,7 +26,7 @@ import hashlib
 import math
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from google.protobuf.message import DecodeError
@@ -36,7 +36,6 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from otel_gpu.detect.model import Point
 from otel_gpu.detect.subject import GPU, GPU_INDEX_PREFIX, PROCESS_GPU, TORCH
 from otel_gpu.processor.wire import MetricsRequestView, NumberDataPointView, NumberDataRawView
 from otel_gpu.signals import (
@@ -53,34 +52,21 @@ from otel_gpu.signals import (
 # Subject kinds (detect/subject.py; JOB: training.phase / training.step of a resource).
 DEVICE = GPU
 
-# The Point fields a series feeds (signals.FEEDS), in Point's order: the indexes of a pending
-# point's values (assemble.py). A job's fields are held per resource, at negative indexes.
-FIELDS = tuple(
-    f.name for f in fields(Point) if any(d.field == f.name and d.subject != JOB for d in FEEDS)
-)
-JOB_FIELDS = tuple(d.field for d in FEEDS if d.subject == JOB)
-
-
-def field_index(name: str) -> int:
-    """The index of a Point field in a pending point (a job field's is negative)."""
-    return FIELDS.index(name) if name in FIELDS else -1 - JOB_FIELDS.index(name)
-
-
-F_USED = field_index("used_bytes")
-F_LIMIT = field_index("limit_bytes")
-F_PROCS = field_index("procs")
-F_STEP = field_index("step")
-F_PHASE = field_index("phase")
+# The Point fields a series feeds (signals.FEEDS): the values of a pending point (assemble.py).
+# A job's fields (phase, step) are held per resource.
+FIELDS = tuple(dict.fromkeys(d.field for d in FEEDS if d.subject != JOB))
+F_USED, F_LIMIT, F_PROCS = "used_bytes", "limit_bytes", "procs"
+F_STEP, F_PHASE = "step", "phase"
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """Where a routed metric's points go: a subject kind, and the field each point feeds by
-    the value of its attribute ``key`` (``None``: the attribute is absent or not asked)."""
+    """Where a routed metric's points go: a subject kind, and the Point field each point feeds
+    by the value of its attribute ``key`` (``None``: the attribute is absent or not asked)."""
 
     kind: str
     key: str | None
-    fields: dict[str | None, int]
+    fields: dict[str | None, str]
 
 
 def _routes() -> dict[str, Route]:
@@ -94,14 +80,14 @@ def _routes() -> dict[str, Route]:
             raise ValueError(
                 f"{feed.signal.name}: one metric routes to one subject kind by one key"
             )
-        route.fields.update(dict.fromkeys(values, field_index(feed.field)))
+        route.fields.update(dict.fromkeys(values, feed.field))
     return routes
 
 
 ROUTES = _routes()  # metric name -> route
 # (subject kind, field) of the series that each count one process holding their GPU
 COUNTED = frozenset(
-    (v.subject, field_index(v.field))
+    (v.subject, v.field)
     for c in FEEDS
     if c.how == COUNT
     for v in FEEDS
@@ -161,12 +147,12 @@ class Sink(Protocol):
     overflow: int
 
     def target(
-        self, res: ResourceInfo, kind: str, hw_id: str | None, pid: int | None, fld: int
+        self, res: ResourceInfo, kind: str, hw_id: str | None, pid: int | None, fld: str
     ) -> object | None: ...  # None: refused by the series cap
 
     def put(self, target: Any, time_ns: int, value: float) -> None: ...
 
-    def put_job(self, res: ResourceInfo, time_ns: int, fld: int, value: float | str) -> None: ...
+    def put_job(self, res: ResourceInfo, time_ns: int, fld: str, value: float | str) -> None: ...
 
 
 _SKIP = object()  # a routed metric's point the detectors do not use (e.g. encoder utilization)
