@@ -76,7 +76,7 @@ def _decode(point: bytes) -> tuple[list[tuple[str, int, float]], int, str]:
     return sink.calls, first.rejected, first.first_error
 
 
-CANONICAL = [("gpu|GPU-1|None|util", T, 0.5)] * 4
+CANONICAL = [("gpu|GPU-1|None|2", T, 0.5)] * 4
 
 LAYOUTS = {
     "as SDKs write it": (_fixed(2, "<Q", T - 10**12) + TIME + VALUE + ATTRS, CANONICAL),
@@ -88,11 +88,11 @@ LAYOUTS = {
     # A repeated scalar field: the last one wins (protobuf rules), not the one read in place.
     "time repeated later": (
         TIME + VALUE + ATTRS + _fixed(3, "<Q", T + 7),
-        [("gpu|GPU-1|None|util", T + 7, 0.5)] * 4,
+        [("gpu|GPU-1|None|2", T + 7, 0.5)] * 4,
     ),
     "value repeated later": (
         TIME + VALUE + ATTRS + _fixed(4, "<d", 0.75),
-        [("gpu|GPU-1|None|util", T, 0.75)] * 4,
+        [("gpu|GPU-1|None|2", T, 0.75)] * 4,
     ),
 }
 

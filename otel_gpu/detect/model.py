@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import typing
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 # Alert kinds (contract: `otel-gpu analyze` prints these).
@@ -50,9 +51,25 @@ class Point:
 
 
 def point(time: float, values: Mapping[str, Any]) -> Point:
-    """A Point at data time ``time`` (s) from field values by name: how the agent, the processor
-    and the CSV reader all build one (a name that is no Point field raises TypeError)."""
+    """A Point at data time ``time`` (s) from field values by name: how the agent and the CSV
+    reader build one (a name that is no Point field raises TypeError)."""
     return Point(time=time, **values)
+
+
+# Point's value fields in declaration order, the layout of a row (:func:`point_from_row`): every
+# field after ``time`` up to the first one with a default factory (``extra``).
+ROW_FIELDS = tuple(
+    itertools.takewhile(
+        lambda name: Point.__dataclass_fields__[name].default_factory is MISSING,
+        (f.name for f in fields(Point)[1:]),
+    )
+)
+
+
+def point_from_row(time: float, row: Sequence[Any]) -> Point:
+    """A Point from one value per :data:`ROW_FIELDS` name, in that order: how the processor
+    builds one per subject per collection, where a keyword call would cost ~0.5 us more."""
+    return Point(time, *row)
 
 
 def _numeric_fields() -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from otel_gpu.detect.model import Point, point
+from otel_gpu.detect.model import ROW_FIELDS, Point, point_from_row
 from otel_gpu.detect.subject import subject_attributes
 from otel_gpu.processor.decode import (
     COUNTED,
@@ -25,12 +25,11 @@ from otel_gpu.processor.decode import (
     F_PHASE,
     F_PROCS,
     F_STEP,
-    FIELDS,
     PROCESS_GPU,
     ResourceInfo,
 )
 
-_EMPTY: dict[str, float | None] = dict.fromkeys(FIELDS)  # a pending point's values, by field
+_NFIELDS = len(ROW_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +51,7 @@ class _Series:
     def __init__(self, subject: Subject) -> None:
         self.subject = subject
         self.t = 0  # pending timestamp (ns); 0 when nothing is pending
-        self.vals: dict[str, Any] = dict(_EMPTY)
+        self.vals: list[Any] = [None] * _NFIELDS  # a row of Point's fields (ROW_FIELDS)
         self.last_t = 0  # last emitted timestamp (ns)
         self.seen = 0.0  # wall time of the last point (for eviction)
         self.limit: float | None = None  # last known memory limit (devices)
@@ -61,7 +60,7 @@ class _Series:
 class _Target:
     __slots__ = ("series", "fld", "device")
 
-    def __init__(self, series: _Series, fld: str, device: _Series | None) -> None:
+    def __init__(self, series: _Series, fld: int, device: _Series | None) -> None:
         self.series = series
         self.fld = fld
         self.device = device  # the GPU whose process count this point adds to
@@ -120,7 +119,7 @@ class Assembler:
         return len(self._series)
 
     def target(
-        self, res: ResourceInfo, kind: str, hw_id: str | None, pid: int | None, fld: str
+        self, res: ResourceInfo, kind: str, hw_id: str | None, pid: int | None, fld: int
     ) -> _Target | None:
         """Handle for one series' field (the decoder caches it); None when the cap refuses."""
         s = self._get(res, kind, hw_id, pid)
@@ -160,7 +159,7 @@ class Assembler:
                     return
             dev.vals[F_PROCS] = (dev.vals[F_PROCS] or 0) + 1
 
-    def put_job(self, res: ResourceInfo, time_ns: int, fld: str, value: float | str) -> None:
+    def put_job(self, res: ResourceInfo, time_ns: int, fld: int, value: float | str) -> None:
         """training.phase / training.step of a reporter; applies to all its subjects."""
         job = self._jobs.get(res.job)
         if job is None:
@@ -194,7 +193,7 @@ class Assembler:
         v = s.vals
         t = s.t
         s.last_t, s.t = t, 0
-        s.vals = dict(_EMPTY)
+        s.vals = [None] * _NFIELDS
         sub = s.subject
         kind = sub.kind
         if kind == DEVICE:
@@ -220,7 +219,7 @@ class Assembler:
         v[F_PHASE] = phase
         v[F_STEP] = step
         self.emitted += 1
-        self._emit(sub, point(t / 1e9, v))
+        self._emit(sub, point_from_row(t / 1e9, v))
 
     def flush_due(self, now: float, all_pending: bool = False) -> None:
         """Emit points pending for ``grace_s`` or longer; all of them if ``all_pending``."""

@@ -36,6 +36,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
+from otel_gpu.detect.model import ROW_FIELDS
 from otel_gpu.detect.subject import GPU, GPU_INDEX_PREFIX, PROCESS_GPU, TORCH
 from otel_gpu.processor.wire import MetricsRequestView, NumberDataPointView, NumberDataRawView
 from otel_gpu.signals import (
@@ -52,11 +53,11 @@ from otel_gpu.signals import (
 # Subject kinds (detect/subject.py; JOB: training.phase / training.step of a resource).
 DEVICE = GPU
 
-# The Point fields a series feeds (signals.FEEDS): the values of a pending point (assemble.py).
-# A job's fields (phase, step) are held per resource.
-FIELDS = tuple(dict.fromkeys(d.field for d in FEEDS if d.subject != JOB))
-F_USED, F_LIMIT, F_PROCS = "used_bytes", "limit_bytes", "procs"
-F_STEP, F_PHASE = "step", "phase"
+# A pending point's values are a row of Point's fields (ROW_FIELDS, assemble.py); a routed point
+# feeds the field at its index. A job's fields (phase, step) are held per resource.
+F_USED, F_LIMIT, F_PROCS, F_STEP, F_PHASE = map(
+    ROW_FIELDS.index, ("used_bytes", "limit_bytes", "procs", "step", "phase")
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +67,7 @@ class Route:
 
     kind: str
     key: str | None
-    fields: dict[str | None, str]
+    fields: dict[str | None, int]  # -> index in ROW_FIELDS
 
 
 def _routes() -> dict[str, Route]:
@@ -80,14 +81,14 @@ def _routes() -> dict[str, Route]:
             raise ValueError(
                 f"{feed.signal.name}: one metric routes to one subject kind by one key"
             )
-        route.fields.update(dict.fromkeys(values, feed.field))
+        route.fields.update(dict.fromkeys(values, ROW_FIELDS.index(feed.field)))
     return routes
 
 
 ROUTES = _routes()  # metric name -> route
 # (subject kind, field) of the series that each count one process holding their GPU
 COUNTED = frozenset(
-    (v.subject, v.field)
+    (v.subject, ROW_FIELDS.index(v.field))
     for c in FEEDS
     if c.how == COUNT
     for v in FEEDS
@@ -147,12 +148,12 @@ class Sink(Protocol):
     overflow: int
 
     def target(
-        self, res: ResourceInfo, kind: str, hw_id: str | None, pid: int | None, fld: str
+        self, res: ResourceInfo, kind: str, hw_id: str | None, pid: int | None, fld: int
     ) -> object | None: ...  # None: refused by the series cap
 
     def put(self, target: Any, time_ns: int, value: float) -> None: ...
 
-    def put_job(self, res: ResourceInfo, time_ns: int, fld: str, value: float | str) -> None: ...
+    def put_job(self, res: ResourceInfo, time_ns: int, fld: int, value: float | str) -> None: ...
 
 
 _SKIP = object()  # a routed metric's point the detectors do not use (e.g. encoder utilization)
