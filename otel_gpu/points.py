@@ -12,7 +12,8 @@ host RSS).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from operator import attrgetter
 from typing import Any
 
 from otel_gpu.detect.model import Point, point
@@ -27,8 +28,6 @@ from otel_gpu.metrics import INSTRUMENTS
 from otel_gpu.sampling.snapshot import STATUS_OK, Snapshot
 from otel_gpu.signals import OF_GPU, VALUE, Feed, feeds
 
-Fields = tuple[tuple[str, str], ...]  # (Point field, sample field)
-
 
 def _sample_field(feed: Feed) -> str:
     """The sample field the agent exports as the series of ``feed.signal`` that feeds it."""
@@ -40,14 +39,21 @@ def _sample_field(feed: Feed) -> str:
     raise LookupError(f"no sample field of {feed.signal.name} feeds Point.{feed.field}")
 
 
-def _fields(subject: str, how: str = VALUE) -> Fields:
-    return tuple((f.field, _sample_field(f)) for f in feeds(subject, how))
+def _reader(subject: str, how: str = VALUE) -> Callable[[Any], dict[str, Any]]:
+    """Point field -> value, read off a sample by the fields that feed ``subject``."""
+    pairs = [(f.field, _sample_field(f)) for f in feeds(subject, how)]
+    names = tuple(field for field, _name in pairs)
+    get = attrgetter(*(name for _field, name in pairs))  # one C call for every field
+    if len(pairs) == 1:
+        return lambda sample: {names[0]: get(sample)}
+    return lambda sample: dict(zip(names, get(sample), strict=True))
 
 
-_GPU = _fields(GPU)  # from a GpuSample
-_PROCESS_GPU = _fields(PROCESS_GPU)  # from a GpuProcessSample
-_OF_GPU = _fields(PROCESS_GPU, OF_GPU)  # from the GpuSample of the process's GPU
-_RSS = _fields(PROCESS_RSS)  # from a ProcessSample
+_GPU = _reader(GPU)  # from a GpuSample
+_PROCESS_GPU = _reader(PROCESS_GPU)  # from a GpuProcessSample
+_OF_GPU = _reader(PROCESS_GPU, OF_GPU)  # from the GpuSample of the process's GPU
+_RSS = _reader(PROCESS_RSS)  # from a ProcessSample
+_NO_GPU = dict.fromkeys(f.field for f in feeds(PROCESS_GPU, OF_GPU))  # its GPU not in the sweep
 
 
 def snapshot_points(
@@ -64,34 +70,36 @@ def snapshot_points(
     for g in snap.gpus:
         if g.status != STATUS_OK:
             continue
-        values = {field: getattr(g, name) for field, name in _GPU}
+        values = _GPU(g)
         # Unknown (not 0) when NVML could not list processes: 0 would read as "released".
         values["procs"] = per_gpu.get(g.uuid, 0) if g.processes_listed else None
+        values["phase"], values["step"] = phase, step
         yield (
             local_name(GPU, g.uuid, None),
-            point(snap.time, {**values, "phase": phase, "step": step}),
+            point(snap.time, values),
             dict(subject_attributes(GPU, g.uuid, None)),
         )
     for gp in snap.gpu_processes:
-        values = {field: getattr(gp, name) for field, name in _PROCESS_GPU}
+        values = _PROCESS_GPU(gp)
         if values["used_bytes"] is None:
             continue
         device = by_uuid.get(gp.gpu_uuid)
-        for field, name in _OF_GPU:
-            values[field] = None if device is None else getattr(device, name)
+        values.update(_OF_GPU(device) if device is not None else _NO_GPU)
+        values["phase"] = phase
         yield (
             local_name(PROCESS_GPU, gp.gpu_uuid, gp.pid),
-            point(snap.time, {**values, "phase": phase}),
+            point(snap.time, values),
             dict(subject_attributes(PROCESS_GPU, gp.gpu_uuid, gp.pid)),
         )
     for p in snap.processes:
         if not p.in_tree:
             continue
-        values = {field: getattr(p, name) for field, name in _RSS}
+        values = _RSS(p)
         if values["used_bytes"] is None:
             continue
+        values["limit_bytes"], values["phase"] = host_memory, phase
         yield (
             local_name(PROCESS_RSS, None, p.pid),
-            point(snap.time, {**values, "limit_bytes": host_memory, "phase": phase}),
+            point(snap.time, values),
             dict(subject_attributes(PROCESS_RSS, None, p.pid)),
         )
