@@ -1,4 +1,8 @@
-"""The instrument table: every metric the agent exports, declared once and registered in one loop.
+"""The instrument table: every metric the agent exports, registered in one loop.
+
+Each row pairs a signal of the contract (``otel_gpu.signals``: name, kind, unit, description)
+with the reader of its observations and, for readers that copy sample fields, those fields,
+which the agent's detection points read too (``otel_gpu.points``).
 
 Callbacks read the sampler's latest snapshot only (no NVML, no /proc), skip unknown values and
 return nothing in a forked child (a DataLoader worker must not export the parent's series).

@@ -211,6 +211,7 @@ ALERTS = Signal("otel_gpu.alerts", COUNTER, "{alert}", "Alerts raised, by subjec
 
 DETECTOR_OUTPUTS = (LEAK_RATE, TIME_TO_EXHAUSTION, BREAKER_STATE, ALERTS)
 
+# Every Signal declared above, read off the module so that a new one cannot be left out.
 SIGNALS: tuple[Signal, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Signal))
 BY_NAME: dict[str, Signal] = {s.name: s for s in SIGNALS}
 
