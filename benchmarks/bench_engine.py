@@ -16,10 +16,16 @@ import json
 import sys
 import time
 import tracemalloc
+from pathlib import Path
 
-from otel_gpu.detect.engine import Engine
-from otel_gpu.detect.model import Point
-from otel_gpu.detect.tracegen import BENIGN, FAULTS, generate
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from tracegen import BENIGN, FAULTS, generate  # noqa: E402
+
+from otel_gpu.detect.engine import Engine  # noqa: E402
+from otel_gpu.detect.model import Point  # noqa: E402
 
 
 def build(subjects: int, hours: float) -> list[tuple[str, Point]]:

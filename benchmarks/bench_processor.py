@@ -1,6 +1,6 @@
 """Throughput of `otel-gpu processor` on one core, beside a decode-only floor.
 
-Payload: agent-shaped OTLP metrics requests (otel_gpu.processor.synth): 8 GPUs x 15 device
+Payload: agent-shaped OTLP metrics requests (tests/synth.py): 8 GPUs x 15 device
 series + 64 processes x 7 series = 568 data points per request, one request per collection, 4
 agents sending concurrently, 15 s of data time apart, memory, utilization and power jittering
 as on a busy node. The processor is measured in steady state: its engine first takes
@@ -50,21 +50,26 @@ import textwrap
 import time
 from collections.abc import Callable
 from concurrent import futures
+from pathlib import Path
 from typing import Any
 
-import grpc
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import grpc  # noqa: E402
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (  # noqa: E402
     ExportMetricsServiceRequest,
 )
+from synth import agent_request  # noqa: E402
 
-from otel_gpu.detect.breaker import BreakerConfig
-from otel_gpu.detect.config import DetectConfig
-from otel_gpu.detect.engine import Engine
-from otel_gpu.processor import Downstream, Processor, ProcessorConfig
-from otel_gpu.processor.assemble import Assembler
-from otel_gpu.processor.decode import MetricsDecoder
-from otel_gpu.processor.synth import agent_request
-from otel_gpu.processor.wire import METRICS_EXPORT, METRICS_SERVICE
+from otel_gpu.detect.breaker import BreakerConfig  # noqa: E402
+from otel_gpu.detect.config import DetectConfig  # noqa: E402
+from otel_gpu.detect.engine import Engine  # noqa: E402
+from otel_gpu.processor import Downstream, Processor, ProcessorConfig  # noqa: E402
+from otel_gpu.processor.assemble import Assembler  # noqa: E402
+from otel_gpu.processor.decode import MetricsDecoder  # noqa: E402
+from otel_gpu.processor.wire import METRICS_EXPORT, METRICS_SERVICE  # noqa: E402
 
 AGENTS = 4
 STEP_NS = 15 * 10**9

@@ -38,14 +38,19 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
-import grpc
-from google.rpc import error_details_pb2
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 
-from otel_gpu.processor.synth import agent_request
-from otel_gpu.processor.wire import METRICS_EXPORT
+import grpc  # noqa: E402
+from google.rpc import error_details_pb2  # noqa: E402
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue  # noqa: E402
+from synth import agent_request  # noqa: E402
+
+from otel_gpu.processor.wire import METRICS_EXPORT  # noqa: E402
 
 TOKEN = "bench-token"
 

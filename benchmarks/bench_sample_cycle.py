@@ -24,6 +24,7 @@ its range, the share of one core at a 1 s interval, and ends with one JSON line 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -178,6 +179,7 @@ def main() -> int:
         from otel_gpu.sampling.nvml import NvmlSource
         from otel_gpu.sampling.procs import ProcessTree
         from otel_gpu.sampling.sampler import Sampler
+        from otel_gpu.signals import observable
 
         # As the agent runs it, at a 1 s interval: the clocks of the GPU source and the process
         # tree advance 1 s per cycle, so one cycle in DISCOVERY_PERIOD_S pays for a full /proc
@@ -220,15 +222,11 @@ def main() -> int:
         # Same instrument kinds too: sums keep cumulative state that gauges do not.
         floor_reader = InMemoryMetricReader()
         meter = MeterProvider(metric_readers=[floor_reader]).get_meter("floor")
-        kinds = {spec.name: spec.kind for spec in metrics.INSTRUMENTS}
-        make = {
-            metrics.GAUGE: meter.create_observable_gauge,
-            metrics.COUNTER: meter.create_observable_counter,
-            metrics.UPDOWN: meter.create_observable_up_down_counter,
-        }
+        declared = {spec.name: spec.signal for spec in metrics.INSTRUMENTS}
         for name, obs in by_name.items():
             frozen = [Observation(v, a) for v, a in obs]
-            make[kinds[name]](name + ".floor", callbacks=[lambda _o, f=frozen: f])
+            floor = dataclasses.replace(declared[name], name=name + ".floor")
+            observable(meter, floor, [lambda _o, f=frozen: f])
 
         def fork_now_and_then(n: int) -> None:  # untimed: moves loadavg's newest PID
             if not args.quiet_host and n % int(DISCOVERY_PERIOD_S) == 0:

@@ -1,4 +1,8 @@
-"""The instrument table: every metric the agent exports, declared once and registered in one loop.
+"""The instrument table: every metric the agent exports, registered in one loop.
+
+Each row pairs a signal of the contract (``otel_gpu.signals``: name, kind, unit, description)
+with the reader of its observations and, for readers that copy sample fields, those fields,
+which the agent's detection points read too (``otel_gpu.points``).
 
 Callbacks read the sampler's latest snapshot only (no NVML, no /proc), skip unknown values and
 return nothing in a forked child (a DataLoader worker must not export the parent's series).
@@ -16,6 +20,7 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from otel_gpu import signals as sig
 from otel_gpu.labels import NO_LABELS, SeriesLabels, collecting
 from otel_gpu.sampling.snapshot import (
     STATUS_DEGRADED,
@@ -26,10 +31,7 @@ from otel_gpu.sampling.snapshot import (
     Snapshot,
 )
 from otel_gpu.series import SeriesBook
-
-GAUGE = "gauge"
-COUNTER = "counter"
-UPDOWN = "updowncounter"
+from otel_gpu.signals import COUNTER, Signal, observable
 
 Attrs = dict[str, Any]
 Reader = Callable[[Snapshot], Iterable[Observation]]
@@ -48,16 +50,32 @@ THROTTLE_REASONS = {
 }
 
 
+Extra = tuple[tuple[str, Any], ...]
+
+
 @dataclass(frozen=True)
 class Instrument:
-    name: str
-    kind: str
-    unit: str
-    description: str
+    """A contract signal and the reader of its observations from a snapshot.
+
+    ``sources``: for readers that copy sample fields, each (sample field, extra point attributes)
+    pair, one per series of a sample: what the agent's detection points read (points.py).
+    """
+
+    signal: Signal
     read: Reader
+    sources: tuple[tuple[str, Extra], ...] = ()
 
+    @property
+    def name(self) -> str:
+        return self.signal.name
 
-Extra = tuple[tuple[str, Any], ...]
+    @property
+    def kind(self) -> str:
+        return self.signal.kind
+
+    @property
+    def unit(self) -> str:
+        return self.signal.unit
 
 
 def gpu_attrs(g: GpuSample, extra: Extra = ()) -> Attrs:
@@ -73,37 +91,33 @@ def gpu_attrs(g: GpuSample, extra: Extra = ()) -> Attrs:
 def _gpu_attrs(
     uuid: str, index: int, name: str | None, parent: str | None, extra: Extra, labels: Extra
 ) -> Attrs:
-    attrs: Attrs = {"hw.id": uuid, "hw.type": "gpu", "hw.vendor": "NVIDIA", "gpu.index": index}
+    attrs: Attrs = {
+        sig.HW_ID: uuid,
+        sig.HW_TYPE: "gpu",
+        sig.HW_VENDOR: "NVIDIA",
+        sig.GPU_INDEX: index,
+    }
     if name:
-        attrs["hw.name"] = name
+        attrs[sig.HW_NAME] = name
     if parent:
-        attrs["hw.parent"] = parent
+        attrs[sig.HW_PARENT] = parent
     attrs.update(labels)
     attrs.update(extra)
     return attrs
 
 
-def _per_gpu(field: str, scale: float = 1.0) -> Reader:
-    def read(snap: Snapshot) -> Iterator[Observation]:
-        for g in snap.gpus:
-            value = getattr(g, field)
-            if value is not None:
-                yield Observation(value * scale, gpu_attrs(g))
-
-    return read
-
-
-def _gpu_multi(pairs: Iterable[tuple[str, Attrs]]) -> Reader:
-    fields = tuple((field, tuple(extra.items())) for field, extra in pairs)
+def _gpu_series(signal: Signal, *series: tuple[str, Attrs]) -> Instrument:
+    """A signal copied from GpuSample fields: one series per (field, extra attributes)."""
+    sources = tuple((field, tuple(extra.items())) for field, extra in series)
 
     def read(snap: Snapshot) -> Iterator[Observation]:
         for g in snap.gpus:
-            for field, extra in fields:
+            for field, extra in sources:
                 value = getattr(g, field)
                 if value is not None:
                     yield Observation(value, gpu_attrs(g, extra))
 
-    return read
+    return Instrument(signal, read, sources)
 
 
 def _memory_utilization(snap: Snapshot) -> Iterator[Observation]:
@@ -116,7 +130,7 @@ def _status(snap: Snapshot) -> Iterator[Observation]:
     for g in snap.gpus:
         for state in (STATUS_OK, STATUS_DEGRADED, STATUS_FAILED):
             value = 1.0 if g.status == state else 0.0
-            yield Observation(value, gpu_attrs(g, (("hw.state", state),)))
+            yield Observation(value, gpu_attrs(g, ((sig.HW_STATE, state),)))
 
 
 def _throttle_reader() -> Reader:
@@ -132,7 +146,7 @@ def _throttle_reader() -> Reader:
             for bit, reason in THROTTLE_REASONS.items():
                 if seen & bit:
                     active = 1.0 if g.throttle_reasons & bit else 0.0
-                    yield Observation(active, gpu_attrs(g, (("otel_gpu.throttle.reason", reason),)))
+                    yield Observation(active, gpu_attrs(g, ((sig.THROTTLE_REASON, reason),)))
 
     return read
 
@@ -157,14 +171,14 @@ def _process_attrs(
     hw_id: str | None,
     labels: Extra,
 ) -> Attrs:
-    attrs: Attrs = {"process.pid": pid}
+    attrs: Attrs = {sig.PROCESS_PID: pid}
     for key, value in (
-        ("process.vpid", vpid),
-        ("process.parent_pid", parent_pid),
-        ("process.executable.name", exe),
-        ("process.command", command),
-        ("process.owner", owner),
-        ("hw.id", hw_id),
+        (sig.PROCESS_VPID, vpid),
+        (sig.PROCESS_PARENT_PID, parent_pid),
+        (sig.PROCESS_EXECUTABLE, exe),
+        (sig.PROCESS_COMMAND, command),
+        (sig.PROCESS_OWNER, owner),
+        (sig.HW_ID, hw_id),
     ):
         if value is not None:
             attrs[key] = value
@@ -203,24 +217,18 @@ def _process_view(snap: Snapshot) -> _ProcessView:
     return view
 
 
-def _per_process(field: str) -> Reader:
+def _per_process(signal: Signal, field: str, *, on_gpu: bool = False) -> Instrument:
+    """A signal copied from a ProcessSample field, or with ``on_gpu`` from a GpuProcessSample
+    field (one process on one GPU)."""
+
     def read(snap: Snapshot) -> Iterator[Observation]:
-        for p, attrs in _process_view(snap).procs:
-            value = getattr(p, field)
+        view = _process_view(snap)
+        for sample, attrs in view.gpu_procs if on_gpu else view.procs:
+            value = getattr(sample, field)
             if value is not None:
                 yield Observation(value, attrs)
 
-    return read
-
-
-def _process_gpu(field: str) -> Reader:
-    def read(snap: Snapshot) -> Iterator[Observation]:
-        for gp, attrs in _process_view(snap).gpu_procs:
-            value = getattr(gp, field)
-            if value is not None:
-                yield Observation(value, attrs)
-
-    return read
+    return Instrument(signal, read, ((field, ()),))
 
 
 _NO_ATTRS: Attrs = {}
@@ -231,149 +239,48 @@ def _agent(snap: Snapshot) -> Iterator[Observation]:
 
 
 INSTRUMENTS: tuple[Instrument, ...] = (
-    Instrument(
-        "hw.gpu.utilization",
-        GAUGE,
-        "1",
-        "Fraction of time the GPU ran work, by task (general = any kernel, encoder, decoder)",
-        _gpu_multi(
-            (
-                ("util_gpu", {"hw.gpu.task": "general"}),
-                ("util_encoder", {"hw.gpu.task": "encoder"}),
-                ("util_decoder", {"hw.gpu.task": "decoder"}),
-            )
-        ),
+    _gpu_series(
+        sig.GPU_UTILIZATION,
+        ("util_gpu", {sig.GPU_TASK: "general"}),
+        ("util_encoder", {sig.GPU_TASK: "encoder"}),
+        ("util_decoder", {sig.GPU_TASK: "decoder"}),
     ),
-    Instrument("hw.gpu.memory.usage", UPDOWN, "By", "GPU memory in use", _per_gpu("memory_used")),
-    Instrument(
-        "hw.gpu.memory.limit", UPDOWN, "By", "GPU memory in total", _per_gpu("memory_total")
+    _gpu_series(sig.GPU_MEMORY_USAGE, ("memory_used", {})),
+    _gpu_series(sig.GPU_MEMORY_LIMIT, ("memory_total", {})),
+    Instrument(sig.GPU_MEMORY_UTILIZATION, _memory_utilization),
+    _gpu_series(sig.GPU_MEMORY_RESERVED, ("memory_reserved", {})),
+    _gpu_series(sig.GPU_MEMORY_CONTROLLER, ("util_memory", {})),
+    _gpu_series(sig.GPU_POWER, ("power_w", {})),
+    _gpu_series(sig.GPU_POWER_LIMIT, ("power_limit_w", {})),
+    _gpu_series(sig.GPU_ENERGY, ("energy_j", {})),
+    _gpu_series(sig.GPU_TEMPERATURE, ("temperature_c", {})),
+    _gpu_series(
+        sig.GPU_ERRORS,
+        ("ecc_corrected", {sig.ERROR_TYPE: "corrected"}),
+        ("ecc_uncorrected", {sig.ERROR_TYPE: "uncorrected"}),
+        ("xid_errors", {sig.ERROR_TYPE: "xid"}),
     ),
-    Instrument(
-        "hw.gpu.memory.utilization",
-        GAUGE,
-        "1",
-        "Fraction of GPU memory in use (usage / limit)",
-        _memory_utilization,
+    Instrument(sig.GPU_STATUS, _status),
+    _gpu_series(sig.GPU_XID_LAST, ("xid_last", {})),
+    _gpu_series(
+        sig.GPU_CLOCK,
+        ("clock_sm_hz", {sig.CLOCK_DOMAIN: "sm"}),
+        ("clock_mem_hz", {sig.CLOCK_DOMAIN: "memory"}),
     ),
-    Instrument(
-        "otel_gpu.gpu.memory.reserved",
-        UPDOWN,
-        "By",
-        "GPU memory reserved by the driver (included in usage)",
-        _per_gpu("memory_reserved"),
+    _gpu_series(
+        sig.GPU_PCIE,
+        ("pcie_tx_bytes_per_s", {sig.IO_DIRECTION: "transmit"}),
+        ("pcie_rx_bytes_per_s", {sig.IO_DIRECTION: "receive"}),
     ),
-    Instrument(
-        "otel_gpu.gpu.memory_controller.utilization",
-        GAUGE,
-        "1",
-        "Fraction of time device memory was read or written (NVML 'memory' utilization)",
-        _per_gpu("util_memory"),
-    ),
-    Instrument("hw.power", GAUGE, "W", "GPU power draw", _per_gpu("power_w")),
-    Instrument(
-        "otel_gpu.gpu.power.limit",
-        GAUGE,
-        "W",
-        "Enforced GPU power limit",
-        _per_gpu("power_limit_w"),
-    ),
-    Instrument(
-        "hw.energy", COUNTER, "J", "GPU energy since the driver loaded", _per_gpu("energy_j")
-    ),
-    Instrument("hw.temperature", GAUGE, "Cel", "GPU core temperature", _per_gpu("temperature_c")),
-    Instrument(
-        "hw.errors",
-        COUNTER,
-        "{error}",
-        "GPU errors: ECC corrected and uncorrected (volatile), Xid events seen by the agent",
-        _gpu_multi(
-            (
-                ("ecc_corrected", {"error.type": "corrected"}),
-                ("ecc_uncorrected", {"error.type": "uncorrected"}),
-                ("xid_errors", {"error.type": "xid"}),
-            )
-        ),
-    ),
-    Instrument("hw.status", UPDOWN, "1", "GPU status: 1 for the current hw.state", _status),
-    Instrument(
-        "otel_gpu.gpu.xid.last",
-        GAUGE,
-        "{code}",
-        "Code of the last Xid event seen on the GPU, reported beside hw.status once the GPU is "
-        "lost (79: fallen off the bus)",
-        _per_gpu("xid_last"),
-    ),
-    Instrument(
-        "otel_gpu.gpu.clock.frequency",
-        GAUGE,
-        "Hz",
-        "GPU clock frequencies by domain",
-        _gpu_multi(
-            (
-                ("clock_sm_hz", {"otel_gpu.clock.domain": "sm"}),
-                ("clock_mem_hz", {"otel_gpu.clock.domain": "memory"}),
-            )
-        ),
-    ),
-    Instrument(
-        "otel_gpu.gpu.pcie.throughput",
-        GAUGE,
-        "By/s",
-        "PCIe throughput by direction",
-        _gpu_multi(
-            (
-                ("pcie_tx_bytes_per_s", {"network.io.direction": "transmit"}),
-                ("pcie_rx_bytes_per_s", {"network.io.direction": "receive"}),
-            )
-        ),
-    ),
-    Instrument(
-        "otel_gpu.gpu.throttle",
-        GAUGE,
-        "1",
-        "1 while a clocks-event (throttle) reason is active, 0 after it cleared",
-        _throttle_reader(),
-    ),
-    Instrument(
-        "process.gpu.memory.usage",
-        UPDOWN,
-        "By",
-        "GPU memory used by a process on one GPU",
-        _process_gpu("used_memory"),
-    ),
-    Instrument(
-        "process.gpu.utilization",
-        GAUGE,
-        "1",
-        "Fraction of time a process ran kernels on one GPU (NVML samples)",
-        _process_gpu("sm_util"),
-    ),
-    Instrument(
-        "process.cpu.utilization",
-        GAUGE,
-        "1",
-        "CPU time / elapsed time / CPUs available",
-        _per_process("cpu_utilization"),
-    ),
-    Instrument("process.memory.usage", UPDOWN, "By", "Resident memory", _per_process("memory_rss")),
-    Instrument(
-        "process.memory.virtual", UPDOWN, "By", "Virtual memory", _per_process("memory_virtual")
-    ),
-    Instrument("process.thread.count", UPDOWN, "{thread}", "Threads", _per_process("thread_count")),
-    Instrument(
-        "process.unix.file_descriptor.count",
-        UPDOWN,
-        "{file_descriptor}",
-        "Open file descriptors",
-        _per_process("fd_count"),
-    ),
-    Instrument(
-        "otel_gpu.agent.processes.dropped",
-        GAUGE,
-        "{process}",
-        "Processes not tracked in the last sweep because of OTEL_GPU_MAX_PROCESSES",
-        _agent,
-    ),
+    Instrument(sig.GPU_THROTTLE, _throttle_reader()),
+    _per_process(sig.PROCESS_GPU_MEMORY, "used_memory", on_gpu=True),
+    _per_process(sig.PROCESS_GPU_UTILIZATION, "sm_util", on_gpu=True),
+    _per_process(sig.PROCESS_CPU_UTILIZATION, "cpu_utilization"),
+    _per_process(sig.PROCESS_MEMORY, "memory_rss"),
+    _per_process(sig.PROCESS_MEMORY_VIRTUAL, "memory_virtual"),
+    _per_process(sig.PROCESS_THREADS, "thread_count"),
+    _per_process(sig.PROCESS_FDS, "fd_count"),
+    Instrument(sig.PROCESSES_DROPPED, _agent),
 )
 
 
@@ -432,12 +339,5 @@ def _create(
         book.observe(observations)
         return observations
 
-    make = {
-        GAUGE: meter.create_observable_gauge,
-        COUNTER: meter.create_observable_counter,
-        UPDOWN: meter.create_observable_up_down_counter,
-    }[spec.kind]
-    book.instrument = make(
-        spec.name, callbacks=[callback], unit=spec.unit, description=spec.description
-    )
+    book.instrument = observable(meter, spec.signal, [callback])
     return book.instrument

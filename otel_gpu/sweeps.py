@@ -50,7 +50,7 @@ def on_sweeps(sampler: Any, watchdog: Any, listener: SweepListener) -> None:
             lambda snap, points: safe(Sweep(snap, points, watchdog.engine, watchdog.breaker))
         )
         return
-    from otel_gpu.watchdog import snapshot_points
+    from otel_gpu.points import snapshot_points
 
     sampler.add_listener(
         lambda snap: safe(Sweep(snap, [(s, p) for s, p, _ in snapshot_points(snap)], None, None))

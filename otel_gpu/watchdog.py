@@ -1,10 +1,8 @@
 """Detection inside the agent: snapshot → points per subject → engine → breaker → actions.
 
-Runs on the sampler thread after each sweep (never on the job's threads). Subjects:
-
-* ``gpu:<uuid>`` — a device's memory, utilization, power, temperature, errors;
-* ``process:<pid>@<uuid>`` — one process's memory on one GPU;
-* ``rss:<pid>`` — a watched process's host RSS.
+Runs on the sampler thread after each sweep (never on the job's threads). The subjects and
+their points come from :mod:`otel_gpu.points`; the stop action may signal only the job's
+trainers (:mod:`otel_gpu.actions.trainers`).
 
 Their outputs carry the identity attributes of :mod:`otel_gpu.detect.subject`, the same ones
 the processor gives the same subjects, so that a processor downstream recognises the subjects
@@ -24,81 +22,29 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from otel_gpu.actions.config import ActionsConfig
 from otel_gpu.actions.stop import start_ticks as read_start_ticks
-from otel_gpu.detect.breaker import CLOSED, HALF_OPEN, OPEN, Breaker, BreakerConfig, Transition
+from otel_gpu.actions.trainers import Trainers
+from otel_gpu.detect.breaker import STATE_VALUES, Breaker, BreakerConfig, Transition
 from otel_gpu.detect.engine import DetectConfig, Engine
 from otel_gpu.detect.model import LEAK, Alert, Point
-from otel_gpu.detect.subject import (
-    GPU,
-    PROCESS_GPU,
-    PROCESS_RSS,
-    SUBJECT_NAME,
-    local_name,
-    subject_attributes,
-)
+from otel_gpu.detect.subject import SUBJECT_NAME
+from otel_gpu.points import snapshot_points
 from otel_gpu.sampling.snapshot import Snapshot
+from otel_gpu.signals import (
+    ALERT_KIND,
+    ALERTS,
+    BREAKER_STATE,
+    DETECTOR_OUTPUTS,
+    LEAK_RATE,
+    TIME_TO_EXHAUSTION,
+    Signal,
+    observable,
+)
 
 log = logging.getLogger("otel_gpu.watchdog")
 
-BREAKER_CODES = {CLOSED: 0, HALF_OPEN: 1, OPEN: 2}
+_Output = tuple[float, str, dict[str, str]]  # (value, subject, extra point attributes)
+
 _FORGET_AFTER_SWEEPS = 10  # a subject absent this long has gone (process exited, GPU removed)
-
-
-def snapshot_points(
-    snap: Snapshot,
-    phase: str | None = None,
-    step: float | None = None,
-    host_memory: int | None = None,
-) -> Iterator[tuple[str, Point, dict[str, Any]]]:
-    """The detector inputs of one snapshot: (subject, point, attributes for the outputs)."""
-    per_gpu: dict[str, int] = {}
-    limits: dict[str, int | None] = {}
-    for gp in snap.gpu_processes:
-        per_gpu[gp.gpu_uuid] = per_gpu.get(gp.gpu_uuid, 0) + 1
-    for g in snap.gpus:
-        limits[g.uuid] = g.memory_total
-        if g.status != "ok":
-            continue
-        yield (
-            local_name(GPU, g.uuid, None),
-            Point(
-                time=snap.time,
-                used_bytes=g.memory_used,
-                limit_bytes=g.memory_total,
-                util=g.util_gpu,
-                # Unknown (not 0) when NVML could not list processes: 0 would read as "released".
-                procs=per_gpu.get(g.uuid, 0) if g.processes_listed else None,
-                phase=phase,
-                power_w=g.power_w,
-                power_limit_w=g.power_limit_w,
-                step=step,
-                temperature_c=g.temperature_c,
-                ecc_uncorrected=g.ecc_uncorrected,
-                xid_errors=g.xid_errors,
-            ),
-            dict(subject_attributes(GPU, g.uuid, None)),
-        )
-    for gp in snap.gpu_processes:
-        if gp.used_memory is None:
-            continue
-        yield (
-            local_name(PROCESS_GPU, gp.gpu_uuid, gp.pid),
-            Point(
-                time=snap.time,
-                used_bytes=gp.used_memory,
-                limit_bytes=limits.get(gp.gpu_uuid),
-                phase=phase,
-            ),
-            dict(subject_attributes(PROCESS_GPU, gp.gpu_uuid, gp.pid)),
-        )
-    for p in snap.processes:
-        if p.in_tree and p.memory_rss is not None:
-            yield (
-                local_name(PROCESS_RSS, None, p.pid),
-                Point(
-                    time=snap.time, used_bytes=p.memory_rss, limit_bytes=host_memory, phase=phase
-                ),
-                dict(subject_attributes(PROCESS_RSS, None, p.pid)),
-            )
 
 
 @dataclass(frozen=True)
@@ -163,10 +109,9 @@ class Watchdog:
         self._absent: dict[str, int] = {}
         self._states: dict[str, str] = {}  # breaker state per subject, copied for callbacks
         self.alerts: list[Alert] = []  # the latest alerts, bounded, for status displays
-        # The job's trainer processes (the only ones a stop may signal): PID -> start ticks.
-        self._trainers: dict[int, int | None] = {}
-        # Reads a PID's start time (clock ticks) just before a stop; injected in tests.
-        self._start_ticks = start_ticks or read_start_ticks
+        # The job's trainer processes (the only ones a stop may signal); the start time of a
+        # PID is read just before a stop (injected in tests).
+        self._trainers = Trainers(start_ticks or read_start_ticks)
         self.alert_listeners: list[Callable[[Alert], None]] = []
         self.transition_listeners: list[Callable[[Transition], None]] = []
         # After each sweep's detection, on the sampler thread: the snapshot and the points the
@@ -212,7 +157,7 @@ class Watchdog:
         return watchdog
 
     def on_snapshot(self, snap: Snapshot) -> None:
-        self._update_trainers(snap)
+        self._trainers.update(snap)
         seen: set[str] = set()
         transitions: list[Transition] = []
         judged: list[tuple[str, Point]] = []
@@ -249,28 +194,14 @@ class Watchdog:
             out[subject] = (leak[0].rate_bytes_per_s, leak[0].eta_s)
         return out
 
-    def _update_trainers(self, snap: Snapshot) -> None:
-        """Trainers = the watched processes that hold GPU memory; never a launcher above them
-        (signalling `swift` or torchrun's agent orphans the ranks), never a process outside the
-        watched tree. Without GPU processes (no GPU visible), none: nothing is signalled."""
-        on_gpu = {snap.host_to_local.get(gp.pid, gp.pid) for gp in snap.gpu_processes}
-        self._trainers = {
-            p.pid: p.start_ticks for p in snap.processes if p.in_tree and p.pid in on_gpu
-        }
-
     @property
     def trainer_pids(self) -> set[int]:
-        return set(self._trainers)
+        return self._trainers.pids
 
     def verified_trainers(self) -> set[int]:
-        """The trainers that are still the same processes now (start time re-read, exact to
-        the clock tick), so a PID reused since the last sweep is never signalled. Called only
-        when a stop fires."""
-        return {
-            pid
-            for pid, started in list(self._trainers.items())
-            if started is not None and self._start_ticks(pid) == started
-        }
+        """The trainers that are still the same processes now, so a PID reused since the last
+        sweep is never signalled. Called only when a stop fires."""
+        return self._trainers.verified()
 
     def _on_alert(self, alert: Alert) -> None:
         with self._lock:
@@ -312,56 +243,41 @@ class Watchdog:
     # -- detector outputs as instruments ------------------------------------------------------
 
     def register_instruments(self, meter: Meter) -> None:
-        meter.create_observable_gauge(
-            "otel_gpu.leak.rate",
-            callbacks=[self._observe_leak_rate],
-            unit="By/s",
-            description="Memory growth rate of a subject with an active leak alert",
-        )
-        meter.create_observable_gauge(
-            "otel_gpu.memory.time_to_exhaustion",
-            callbacks=[self._observe_eta],
-            unit="s",
-            description="Projected time until a leaking subject reaches its memory limit",
-        )
-        meter.create_observable_gauge(
-            "otel_gpu.breaker.state",
-            callbacks=[self._observe_breaker],
-            unit="1",
-            description="Circuit breaker per subject: 0 closed, 1 half-open, 2 open",
-        )
-        meter.create_observable_counter(
-            "otel_gpu.alerts",
-            callbacks=[self._observe_alerts],
-            unit="{alert}",
-            description="Alerts raised, by subject and kind",
-        )
+        """The detector outputs (signals.DETECTOR_OUTPUTS), read from the last sweep's tables."""
+        readers: dict[Signal, Callable[[], Iterator[_Output]]] = {
+            LEAK_RATE: self._leak_rates,
+            TIME_TO_EXHAUSTION: self._etas,
+            BREAKER_STATE: self._breaker_states,
+            ALERTS: self._alert_totals,
+        }
+        for signal in DETECTOR_OUTPUTS:
+            observable(meter, signal, [self._callback(readers[signal])])
 
-    def _observe_leak_rate(self, _options: CallbackOptions) -> list[Observation]:
-        with self._lock:
-            return [Observation(rate, self._attrs_of(s)) for s, (rate, _eta) in self._leak.items()]
+    def _callback(
+        self, read: Callable[[], Iterator[_Output]]
+    ) -> Callable[[CallbackOptions], list[Observation]]:
+        def callback(_options: CallbackOptions) -> list[Observation]:
+            with self._lock:
+                return [Observation(v, self._attrs_of(s) | extra) for v, s, extra in read()]
 
-    def _observe_eta(self, _options: CallbackOptions) -> list[Observation]:
-        with self._lock:
-            return [
-                Observation(eta, self._attrs_of(s))
-                for s, (_rate, eta) in self._leak.items()
-                if eta is not None
-            ]
+        return callback
 
-    def _observe_breaker(self, _options: CallbackOptions) -> list[Observation]:
-        with self._lock:
-            return [
-                Observation(BREAKER_CODES.get(state, 0), self._attrs_of(s))
-                for s, state in self._states.items()
-            ]
+    def _leak_rates(self) -> Iterator[_Output]:
+        for subject, (rate, _eta) in self._leak.items():
+            yield rate, subject, {}
 
-    def _observe_alerts(self, _options: CallbackOptions) -> list[Observation]:
-        with self._lock:
-            return [
-                Observation(n, self._attrs_of(s) | {"otel_gpu.alert.kind": k})
-                for (s, k), n in self._alert_counts.items()
-            ]
+    def _etas(self) -> Iterator[_Output]:
+        for subject, (_rate, eta) in self._leak.items():
+            if eta is not None:
+                yield eta, subject, {}
+
+    def _breaker_states(self) -> Iterator[_Output]:
+        for subject, state in self._states.items():
+            yield STATE_VALUES.get(state, 0), subject, {}
+
+    def _alert_totals(self) -> Iterator[_Output]:
+        for (subject, kind), n in self._alert_counts.items():
+            yield n, subject, {ALERT_KIND: kind}
 
     def _attrs_of(self, subject: str) -> dict[str, Any]:
         """A subject's identity attributes (under the lock)."""

@@ -14,9 +14,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_gpu.actions import ActionDispatcher, add_alert_event, set_job_span
-from otel_gpu.actions.span_event import EVENT_NAME
 from otel_gpu.detect.breaker import Breaker, BreakerConfig
 from otel_gpu.detect.model import LEAK, STALL, Alert
+from otel_gpu.signals import ALERT_EVENT
 
 try:  # newer SDKs call it InMemoryLogRecordExporter; the old name warns
     from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter as MemoryLogs
@@ -55,7 +55,7 @@ def test_alert_lands_on_the_registered_job_span_from_the_agent_thread(spans) -> 
         agent.join(5)
     (train,) = exporter.get_finished_spans()
     (event,) = train.events
-    assert event.name == EVENT_NAME
+    assert event.name == ALERT_EVENT
     assert dict(event.attributes or {}) == {
         "otel_gpu.alert.kind": LEAK,
         "otel_gpu.alert.subject": "gpu0",

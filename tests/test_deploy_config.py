@@ -19,7 +19,7 @@ import yaml
 from opentelemetry.exporter.prometheus._mapping import sanitize_full_name
 from prometheus_peer import ROOT, binary
 
-from otel_gpu import metrics
+from otel_gpu import signals
 
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
 
@@ -57,9 +57,8 @@ def _dashboard_exprs() -> list[tuple[str, str]]:
 
 def _unit_one_gauges() -> list[str]:
     """Prometheus names the Collector suffixes with `_ratio` (gauges of unit "1") but the
-    OpenTelemetry Python exporter leaves bare: the agent's table plus the breaker state."""
-    names = [i.name for i in metrics.INSTRUMENTS if i.kind == metrics.GAUGE and i.unit == "1"]
-    names.append("otel_gpu.breaker.state")  # watchdog.register_instruments / processor outputs
+    OpenTelemetry Python exporter leaves bare: every such signal of the contract."""
+    names = [s.name for s in signals.SIGNALS if s.kind == signals.GAUGE and s.unit == "1"]
     return [sanitize_full_name(n) for n in names]
 
 

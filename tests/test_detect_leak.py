@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from tracegen import BENIGN, COLUMNS_FULL, generate
 
 from otel_gpu.detect.engine import DetectConfig, Engine
 from otel_gpu.detect.model import LEAK, Point
-from otel_gpu.detect.tracegen import BENIGN, COLUMNS_FULL, generate
 
 NO_PHASE = ("util", "procs", "power_w", "power_limit_w")
 HOUR = 3600.0

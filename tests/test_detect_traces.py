@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from tracegen import generate, write_csv
 
 from otel_gpu.detect.engine import Engine
 from otel_gpu.detect.trace import read_trace, replay, subject_for
-from otel_gpu.detect.tracegen import generate, write_csv
 
 REPO = Path(__file__).resolve().parents[1]
 # The team's shared dev traces beside the checkout when present (they may have grown), else the

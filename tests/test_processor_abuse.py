@@ -17,6 +17,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from strict_downstream import StrictDownstream
+from synth import agent_request
 from test_processor_cli import cli
 from test_processor_peers import call
 
@@ -29,7 +30,6 @@ from otel_gpu.processor.decode import DEVICE, F_USED, MetricsDecoder, ResourceIn
 from otel_gpu.processor.memlimit import MemoryLimiter
 from otel_gpu.processor.pipeline import Detection
 from otel_gpu.processor.store import StateStore
-from otel_gpu.processor.synth import agent_request
 from otel_gpu.processor.wire import METRICS_EXPORT
 
 T0 = int((time.time() - 3600) * 1e9)

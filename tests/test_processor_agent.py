@@ -27,6 +27,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from otlp_sink import attrs
+from synth import GIB, gpu_uuid
 from test_processor_peers import ProcessorProcess, Webhook, leak_requests
 
 from otel_gpu.actions.dispatcher import ActionDispatcher
@@ -39,7 +40,6 @@ from otel_gpu.detect.engine import Engine
 from otel_gpu.processor.config import ProcessorConfig
 from otel_gpu.processor.pipeline import Detection
 from otel_gpu.processor.store import StateStore
-from otel_gpu.processor.synth import GIB, gpu_uuid
 from otel_gpu.processor.wire import METRICS_EXPORT
 from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, Snapshot
 from otel_gpu.sampling.source import DeviceReading, HostInfo

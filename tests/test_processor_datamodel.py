@@ -16,12 +16,12 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 from strict_downstream import StrictDownstream
+from synth import agent_request, default_value
 
 from otel_gpu.detect.model import Point
 from otel_gpu.processor import Downstream, Processor, ProcessorConfig
 from otel_gpu.processor.assemble import Assembler, Subject
 from otel_gpu.processor.decode import MetricsDecoder, strip_rejected
-from otel_gpu.processor.synth import agent_request, default_value
 from otel_gpu.processor.wire import METRICS_EXPORT
 
 NOW = time.time()

@@ -19,13 +19,13 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from strict_downstream import REJECT_KEY, StrictDownstream
+from synth import agent_request
 from test_processor_peers import ProcessorProcess, call, free_port
 
 from otel_gpu.errors import UsageError
 from otel_gpu.processor import Downstream, Processor, ProcessorConfig
 from otel_gpu.processor.forward import backoff
 from otel_gpu.processor.queue import DiskQueue
-from otel_gpu.processor.synth import agent_request
 from otel_gpu.processor.wire import METRICS_EXPORT
 
 T0 = int((time.time() - 3600) * 1e9)

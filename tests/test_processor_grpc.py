@@ -28,11 +28,11 @@ from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from synth import agent_request
 from test_processor_peers import Receiver, call, leak_requests, receiver
 
 from otel_gpu.detect.breaker import BreakerConfig
 from otel_gpu.processor import Downstream, Processor, ProcessorConfig
-from otel_gpu.processor.synth import agent_request
 from otel_gpu.processor.wire import LOGS_EXPORT, METRICS_EXPORT, TRACE_EXPORT
 
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"

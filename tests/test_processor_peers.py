@@ -24,8 +24,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from synth import GIB, agent_request, default_value
 
-from otel_gpu.processor.synth import GIB, agent_request, default_value
 from otel_gpu.processor.wire import LOGS_EXPORT, METRICS_EXPORT, TRACE_EXPORT
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,10 +22,10 @@ from typing import Any
 
 import grpc
 from strict_downstream import StrictDownstream
+from synth import agent_request
 from test_processor_peers import ROOT, ProcessorProcess, call, free_port
 
 from otel_gpu.processor.queue import queue_file
-from otel_gpu.processor.synth import agent_request
 from otel_gpu.processor.wire import METRICS_EXPORT
 
 LIMIT = 256 * 1024  # bytes: the largest file the limited processor may write
@@ -129,7 +129,7 @@ STORE_CHILD = textwrap.dedent(
     import grpc
     from otel_gpu.processor import Processor, ProcessorConfig
     from otel_gpu.processor.admission import Refused
-    from otel_gpu.processor.synth import agent_request
+    from tests.synth import agent_request
     from otel_gpu.processor.wire import METRICS_EXPORT
 
     p = Processor(ProcessorConfig(listen="127.0.0.1:0", state_path=sys.argv[1]))

@@ -11,6 +11,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from synth import GIB, agent_request, default_value, gpu_uuid
 from test_processor_peers import leak_requests
 
 from otel_gpu.detect.breaker import OPEN, Breaker, BreakerConfig
@@ -22,7 +23,6 @@ from otel_gpu.processor.config import Downstream, ProcessorConfig, parse_hostpor
 from otel_gpu.processor.decode import MetricsDecoder, strip_rejected
 from otel_gpu.processor.pipeline import Detection
 from otel_gpu.processor.store import StateStore
-from otel_gpu.processor.synth import GIB, agent_request, default_value, gpu_uuid
 
 T0 = int((time.time() - 3600) * 1e9)
 NOW = time.time()

@@ -17,9 +17,10 @@ from otel_gpu.actions.config import ActionsConfig
 from otel_gpu.agent import Agent
 from otel_gpu.config import Settings
 from otel_gpu.detect.config import DetectConfig
+from otel_gpu.points import snapshot_points
 from otel_gpu.sampling.sim import GIB, SimulatedSource
 from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, ProcessSample, Snapshot
-from otel_gpu.watchdog import DetectionSettings, Watchdog, snapshot_points
+from otel_gpu.watchdog import DetectionSettings, Watchdog
 
 TRAP = (
     "import pathlib, signal, sys, time\n"

@@ -24,6 +24,17 @@ from otel_gpu.actions.span_event import add_alert_event
 from otel_gpu.actions.stop import JobStopper
 from otel_gpu.detect.breaker import CLOSED, HALF_OPEN, OPEN, Transition
 from otel_gpu.detect.model import LEAK, STALL
+from otel_gpu.signals import (
+    ALERT_KIND,
+    ALERT_SEVERITY,
+    BREAKER_EPISODE,
+    BREAKER_FROM,
+    BREAKER_STATE,
+    BREAKER_SUBJECT,
+    BREAKER_TIME,
+    LEAK_RATE,
+    TIME_TO_EXHAUSTION,
+)
 
 log = logging.getLogger("otel_gpu.actions")
 
@@ -149,19 +160,19 @@ class ActionDispatcher:
     def _log(self, t: Transition) -> None:
         a = t.alert
         extra: dict[str, object] = {
-            "otel_gpu.breaker.subject": t.subject,
-            "otel_gpu.breaker.from_state": t.from_state,
-            "otel_gpu.breaker.state": t.to_state,
-            "otel_gpu.breaker.episode": t.episode,
-            "otel_gpu.breaker.time": t.time,
+            BREAKER_SUBJECT: t.subject,
+            BREAKER_FROM: t.from_state,
+            BREAKER_STATE.name: t.to_state,
+            BREAKER_EPISODE: t.episode,
+            BREAKER_TIME: t.time,
         }
         if a is not None:
-            extra["otel_gpu.alert.kind"] = a.kind
-            extra["otel_gpu.alert.severity"] = a.severity
+            extra[ALERT_KIND] = a.kind
+            extra[ALERT_SEVERITY] = a.severity
             if a.rate_bytes_per_s is not None:
-                extra["otel_gpu.leak.rate"] = a.rate_bytes_per_s
+                extra[LEAK_RATE.name] = a.rate_bytes_per_s
             if a.eta_s is not None:
-                extra["otel_gpu.memory.time_to_exhaustion"] = a.eta_s
+                extra[TIME_TO_EXHAUSTION.name] = a.eta_s
         level = logging.WARNING if t.to_state == OPEN else logging.INFO
         log.log(
             level,

@@ -16,8 +16,18 @@ from opentelemetry.util.types import AttributeValue
 
 from otel_gpu.detect.model import Alert
 from otel_gpu.redact import redact_text
-
-EVENT_NAME = "otel_gpu.alert"
+from otel_gpu.signals import (
+    ALERT_CONFIDENCE,
+    ALERT_EVENT,
+    ALERT_KIND,
+    ALERT_MESSAGE,
+    ALERT_SEVERITY,
+    ALERT_SUBJECT,
+    ALERT_TIME,
+    ALERT_WINDOW,
+    LEAK_RATE,
+    TIME_TO_EXHAUSTION,
+)
 
 _lock = threading.Lock()
 _job_span: trace.Span | None = None
@@ -40,17 +50,17 @@ def alert_attributes(alert: Alert) -> dict[str, AttributeValue]:
     """Event attributes for ``alert`` (credentials masked); unknown values are left out, never
     written as 0."""
     attrs: dict[str, AttributeValue] = {
-        "otel_gpu.alert.kind": alert.kind,
-        "otel_gpu.alert.subject": redact_text(alert.subject),
-        "otel_gpu.alert.severity": alert.severity,
-        "otel_gpu.alert.message": redact_text(alert.message),
-        "otel_gpu.alert.time": alert.time,
+        ALERT_KIND: alert.kind,
+        ALERT_SUBJECT: redact_text(alert.subject),
+        ALERT_SEVERITY: alert.severity,
+        ALERT_MESSAGE: redact_text(alert.message),
+        ALERT_TIME: alert.time,
     }
     optional = (
-        ("otel_gpu.leak.rate", alert.rate_bytes_per_s),  # By/s
-        ("otel_gpu.memory.time_to_exhaustion", alert.eta_s),  # s
-        ("otel_gpu.alert.window", alert.window_s),  # s
-        ("otel_gpu.alert.confidence", alert.confidence),  # 0..1
+        (LEAK_RATE.name, alert.rate_bytes_per_s),
+        (TIME_TO_EXHAUSTION.name, alert.eta_s),
+        (ALERT_WINDOW, alert.window_s),
+        (ALERT_CONFIDENCE, alert.confidence),
     )
     for key, value in optional:
         if value is not None and math.isfinite(value):
@@ -66,7 +76,7 @@ def add_alert_event(alert: Alert, span: trace.Span | None = None) -> bool:
     try:
         if not target.is_recording():
             return False
-        target.add_event(EVENT_NAME, attributes=alert_attributes(alert))
+        target.add_event(ALERT_EVENT, attributes=alert_attributes(alert))
         return True
     except Exception:
         return False

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import itertools
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
 
 # Alert kinds (contract: `otel-gpu analyze` prints these).
 LEAK = "leak"
@@ -16,21 +20,6 @@ PHASE_LOAD = "load"
 PHASE_TRAIN = "train"
 PHASE_EVALUATE = "evaluate"
 PHASE_SAVE = "save"
-
-
-# The numeric Point fields, in CSV column order (`otel-gpu analyze`) — also what the engine checks
-# for NaN and infinities.
-NUMERIC_FIELDS = (
-    "used_bytes",
-    "limit_bytes",
-    "util",
-    "power_w",
-    "power_limit_w",
-    "step",
-    "temperature_c",
-    "ecc_uncorrected",
-    "xid_errors",
-)
 
 
 @dataclass(slots=True)
@@ -59,6 +48,39 @@ class Point:
     ecc_uncorrected: float | None = None  # cumulative count
     xid_errors: float | None = None  # cumulative count
     extra: dict[str, float] = field(default_factory=dict)  # other metrics for anomaly bands
+
+
+def point(time: float, values: Mapping[str, Any]) -> Point:
+    """A Point at data time ``time`` (s) from field values by name: how the agent and the CSV
+    reader build one (a name that is no Point field raises TypeError)."""
+    return Point(time=time, **values)
+
+
+# Point's value fields in declaration order, the layout of a row (:func:`point_from_row`): every
+# field after ``time`` up to the first one with a default factory (``extra``).
+ROW_FIELDS = tuple(
+    itertools.takewhile(
+        lambda name: Point.__dataclass_fields__[name].default_factory is MISSING,
+        (f.name for f in fields(Point)[1:]),
+    )
+)
+
+
+def point_from_row(time: float, row: Sequence[Any]) -> Point:
+    """A Point from one value per :data:`ROW_FIELDS` name, in that order: how the processor
+    builds one per subject per collection, where a keyword call would cost ~0.5 us more."""
+    return Point(time, *row)
+
+
+def _numeric_fields() -> tuple[str, ...]:
+    hints = typing.get_type_hints(Point)
+    return tuple(f.name for f in fields(Point) if hints[f.name] == float | None)
+
+
+# The numeric (float) Point fields, in declaration order: the engine's NaN and infinity guard and
+# the CSV columns of `otel-gpu analyze`, read off Point itself so that a new field cannot be left
+# out of either.
+NUMERIC_FIELDS = _numeric_fields()
 
 
 @dataclass(frozen=True, slots=True)

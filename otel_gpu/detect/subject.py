@@ -12,14 +12,19 @@ for people reading a dashboard.
 
 from __future__ import annotations
 
-SUBJECT_KIND = "otel_gpu.subject.kind"
-SUBJECT_NAME = "otel_gpu.subject"
+from otel_gpu.signals import (
+    GPU,
+    GPU_INDEX,
+    HW_ID,
+    PROCESS_GPU,
+    PROCESS_PID,
+    PROCESS_RSS,
+    SUBJECT_KIND,
+    SUBJECT_NAME,
+    TORCH,
+)
 
-# Subject kinds (the values of otel_gpu.subject.kind).
-GPU = "gpu"  # one GPU: device memory, utilization, power, temperature, errors
-PROCESS_GPU = "process_gpu"  # one process's memory on one GPU
-PROCESS_RSS = "process_rss"  # one process's resident host memory
-TORCH = "torch"  # torch allocator bytes of one process (on one device when known)
+__all__ = ["GPU", "PROCESS_GPU", "PROCESS_RSS", "SUBJECT_KIND", "SUBJECT_NAME", "TORCH"]
 
 _PREFIX = {GPU: "gpu", PROCESS_GPU: "process", PROCESS_RSS: "rss", TORCH: "torch"}
 GPU_INDEX_PREFIX = "gpu.index="  # a device known only by its index (torch without a UUID)
@@ -41,10 +46,10 @@ def subject_attributes(
     """The point attributes that identify a subject on every detector output."""
     attrs: list[tuple[str, str | int]] = [(SUBJECT_KIND, kind)]
     if hw_id is not None and hw_id.startswith(GPU_INDEX_PREFIX):
-        attrs.append(("gpu.index", int(hw_id[len(GPU_INDEX_PREFIX) :])))
+        attrs.append((GPU_INDEX, int(hw_id[len(GPU_INDEX_PREFIX) :])))
     elif hw_id is not None:
-        attrs.append(("hw.id", hw_id))
+        attrs.append((HW_ID, hw_id))
     if pid is not None:
-        attrs.append(("process.pid", pid))
+        attrs.append((PROCESS_PID, pid))
     attrs.append((SUBJECT_NAME, local_name(kind, hw_id, pid)))
     return tuple(attrs)

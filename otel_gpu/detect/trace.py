@@ -18,10 +18,10 @@ import math
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import NamedTuple, TextIO
+from typing import Any, NamedTuple, TextIO
 
 from otel_gpu.detect.engine import Engine
-from otel_gpu.detect.model import NUMERIC_FIELDS, Alert, Point
+from otel_gpu.detect.model import NUMERIC_FIELDS, Alert, Point, point
 from otel_gpu.errors import UsageError
 
 REQUIRED = ("time_s", "used_bytes", "limit_bytes")
@@ -122,7 +122,7 @@ def _parse(
         if t < last:
             raise TraceError(f"{name}:{line}: time goes backwards ({t:g} after {last:g})")
         last = t
-        values: dict[str, object] = {"time": t}
+        values: dict[str, Any] = {}
         for i, field in float_cols:
             values[field] = _number(name, line, cols[i], row[i])
         if i_procs is not None:
@@ -134,7 +134,7 @@ def _parse(
             values["phase"] = row[i_phase].strip() or None
         subject = row[i_subject].strip() or None if i_subject is not None else None
         label = row[i_label].strip() or None if i_label is not None else None
-        points.append(Row(subject, label, Point(**values)))  # type: ignore[arg-type]
+        points.append(Row(subject, label, point(t, values)))
     return points
 
 

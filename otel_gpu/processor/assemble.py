@@ -14,26 +14,22 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from otel_gpu.detect.model import Point
+from otel_gpu.detect.model import ROW_FIELDS, Point, point_from_row
 from otel_gpu.detect.subject import subject_attributes
 from otel_gpu.processor.decode import (
+    COUNTED,
     DEVICE,
-    F_ECC,
     F_LIMIT,
     F_PHASE,
-    F_PLIMIT,
-    F_POWER,
     F_PROCS,
-    F_TEMP,
-    F_USED,
-    F_UTIL,
-    F_XID,
+    F_STEP,
     PROCESS_GPU,
     ResourceInfo,
 )
 
-_NFIELDS = 9
+_NFIELDS = len(ROW_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +51,7 @@ class _Series:
     def __init__(self, subject: Subject) -> None:
         self.subject = subject
         self.t = 0  # pending timestamp (ns); 0 when nothing is pending
-        self.vals: list[float | None] = [None] * _NFIELDS
+        self.vals: list[Any] = [None] * _NFIELDS  # a row of Point's fields (ROW_FIELDS)
         self.last_t = 0  # last emitted timestamp (ns)
         self.seen = 0.0  # wall time of the last point (for eviction)
         self.limit: float | None = None  # last known memory limit (devices)
@@ -130,7 +126,7 @@ class Assembler:
         if s is None:
             return None
         dev = None
-        if kind == PROCESS_GPU and fld == F_USED:
+        if (kind, fld) in COUNTED:
             # Count the processes holding each GPU at a timestamp: the stall detector's
             # "someone holds the GPU" signal.
             dev = self._get(res, DEVICE, hw_id, None)
@@ -218,23 +214,12 @@ class Assembler:
                 if job.step_t and job.step_t <= t:
                     step = job.step
         procs = v[F_PROCS]
-        # Positional, in Point's field order (one Point per subject per collection: hot).
-        point = Point(
-            t / 1e9,  # time
-            v[F_USED],
-            limit,  # limit_bytes
-            v[F_UTIL],
-            None if procs is None else int(procs),
-            phase,  # type: ignore[arg-type]
-            v[F_POWER],
-            v[F_PLIMIT],
-            step,  # type: ignore[arg-type]
-            v[F_TEMP],
-            v[F_ECC],
-            v[F_XID],
-        )
+        v[F_PROCS] = None if procs is None else int(procs)
+        v[F_LIMIT] = limit
+        v[F_PHASE] = phase
+        v[F_STEP] = step
         self.emitted += 1
-        self._emit(sub, point)
+        self._emit(sub, point_from_row(t / 1e9, v))
 
     def flush_due(self, now: float, all_pending: bool = False) -> None:
         """Emit points pending for ``grace_s`` or longer; all of them if ``all_pending``."""

@@ -36,36 +36,65 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
+from otel_gpu.detect.model import ROW_FIELDS
+from otel_gpu.detect.subject import GPU, GPU_INDEX_PREFIX, PROCESS_GPU, TORCH
 from otel_gpu.processor.wire import MetricsRequestView, NumberDataPointView, NumberDataRawView
+from otel_gpu.signals import (
+    COUNT,
+    FEEDS,
+    GPU_INDEX,
+    HW_ID,
+    JOB,
+    PHASE,
+    PROCESS_PID,
+    VALUE,
+)
 
-# Subject kinds.
-DEVICE = "gpu"  # one GPU as seen by one reporting resource
-PROCESS_GPU = "process_gpu"  # one process's memory on one GPU
-PROCESS_RSS = "process_rss"  # one process's resident host memory
-TORCH = "torch"  # torch allocator bytes of one process (on one device when known)
-JOB = "job"  # training.phase / training.step of a resource
+# Subject kinds (detect/subject.py; JOB: training.phase / training.step of a resource).
+DEVICE = GPU
 
-# Indexes of a pending point's values (see assemble.FIELDS).
-F_USED, F_LIMIT, F_UTIL, F_PROCS, F_POWER, F_PLIMIT, F_TEMP, F_ECC, F_XID = range(9)
-F_STEP, F_PHASE = -1, -2  # job fields, held per resource
+# A pending point's values are a row of Point's fields (ROW_FIELDS, assemble.py); a routed point
+# feeds the field at its index. A job's fields (phase, step) are held per resource.
+F_USED, F_LIMIT, F_PROCS, F_STEP, F_PHASE = map(
+    ROW_FIELDS.index, ("used_bytes", "limit_bytes", "procs", "step", "phase")
+)
 
-TORCH_METRICS = ("torch.cuda.memory.allocated",)  # otel_gpu.tracing.progress
 
-# metric name -> (subject kind, field). hw.errors and hw.gpu.utilization are refined per point.
-ROUTES: dict[str, tuple[str, int]] = {
-    "hw.gpu.memory.usage": (DEVICE, F_USED),
-    "hw.gpu.memory.limit": (DEVICE, F_LIMIT),
-    "hw.gpu.utilization": (DEVICE, F_UTIL),
-    "hw.power": (DEVICE, F_POWER),
-    "otel_gpu.gpu.power.limit": (DEVICE, F_PLIMIT),
-    "hw.temperature": (DEVICE, F_TEMP),
-    "hw.errors": (DEVICE, F_ECC),
-    "process.gpu.memory.usage": (PROCESS_GPU, F_USED),
-    "process.memory.usage": (PROCESS_RSS, F_USED),
-    "training.step": (JOB, F_STEP),
-    "training.phase": (JOB, F_PHASE),
-    **{name: (TORCH, F_USED) for name in TORCH_METRICS},
-}
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a routed metric's points go: a subject kind, and the Point field each point feeds
+    by the value of its attribute ``key`` (``None``: the attribute is absent or not asked)."""
+
+    kind: str
+    key: str | None
+    fields: dict[str | None, int]  # -> index in ROW_FIELDS
+
+
+def _routes() -> dict[str, Route]:
+    routes: dict[str, Route] = {}
+    for feed in FEEDS:
+        if feed.how != VALUE:
+            continue  # derived by the assembler (process counts, a process's GPU limit)
+        key, values = feed.select or (None, (None,))
+        route = routes.setdefault(feed.signal.name, Route(feed.subject, key, {}))
+        if (route.kind, route.key) != (feed.subject, key):
+            raise ValueError(
+                f"{feed.signal.name}: one metric routes to one subject kind by one key"
+            )
+        route.fields.update(dict.fromkeys(values, ROW_FIELDS.index(feed.field)))
+    return routes
+
+
+ROUTES = _routes()  # metric name -> route
+# (subject kind, field) of the series that each count one process holding their GPU
+COUNTED = frozenset(
+    (v.subject, ROW_FIELDS.index(v.field))
+    for c in FEEDS
+    if c.how == COUNT
+    for v in FEEDS
+    if v.signal == c.signal and v.how == VALUE
+)
+_SELECT_KEYS = frozenset(r.key for r in ROUTES.values() if r.key is not None)
 
 # Resource attributes that identify a reporter, in the order they appear in subject names.
 IDENTITY_KEYS = (
@@ -107,9 +136,8 @@ class PointAttrs:
     hw_id: str | None
     pid: int | None
     gpu_index: int | None
-    task: str | None  # hw.gpu.task
-    error_type: str | None
     phase: str | None  # training.phase attribute
+    selectors: dict[str, str]  # values of the attributes that select a route's field
 
 
 class Sink(Protocol):
@@ -192,35 +220,35 @@ def resource_info(raw: bytes) -> ResourceInfo:
 
 
 def point_attrs(encoded: Iterable[bytes]) -> PointAttrs:
-    """Pick hw.id, process.pid, hw.gpu.task, error.type and training.phase from KeyValues."""
-    hw_id = task = error_type = phase = None
+    """Pick hw.id, process.pid, gpu.index, training.phase and the routes' selecting attributes
+    (hw.gpu.task, error.type) from KeyValues."""
+    hw_id = phase = None
     pid = gpu_index = None
+    selectors: dict[str, str] = {}
     for raw in encoded:
         try:
             kv = KeyValue.FromString(raw)
         except DecodeError:
             continue
         key = kv.key
-        if key == "hw.id":
+        if key == HW_ID:
             v = _any_value(kv.value)
             hw_id = None if v is None else _cut(v)
-        elif key == "process.pid":
+        elif key == PROCESS_PID:
             v = _any_value(kv.value)
             if isinstance(v, int) and not isinstance(v, bool):
                 pid = v
             elif isinstance(v, str) and v.isdigit() and len(v) < 20:
                 pid = int(v)
-        elif key == "gpu.index":
+        elif key == GPU_INDEX:
             v = _any_value(kv.value)
             if isinstance(v, int) and not isinstance(v, bool):
                 gpu_index = v
-        elif key == "hw.gpu.task":
-            task = _cut(_any_value(kv.value))
-        elif key == "error.type":
-            error_type = _cut(_any_value(kv.value))
-        elif key == "training.phase":
+        elif key == PHASE:
             phase = _cut(_any_value(kv.value))
-    return PointAttrs(hw_id, pid, gpu_index, task, error_type, phase)
+        elif key in _SELECT_KEYS:
+            selectors[key] = _cut(_any_value(kv.value))
+    return PointAttrs(hw_id, pid, gpu_index, phase, selectors)
 
 
 class MetricsDecoder:
@@ -243,28 +271,27 @@ class MetricsDecoder:
         # (reporter, metric, attributes) -> (start time, value) of monotonic cumulative Sums
         self._last_sum: dict[tuple[str, str, _Key], tuple[int, float]] = {}
 
-    def _resolve(self, sink: Sink, res: ResourceInfo, kind: str, fld: int, pa: PointAttrs) -> Any:
+    def _resolve(self, sink: Sink, res: ResourceInfo, route: Route, pa: PointAttrs) -> Any:
         """What to do with points of this attribute set (cached by the caller)."""
-        if kind is JOB:
+        fld = route.fields.get(None if route.key is None else pa.selectors.get(route.key))
+        if fld is None:
+            return _SKIP  # e.g. encoder utilization, corrected ECC errors
+        kind = route.kind
+        if kind == JOB:
             if fld == F_PHASE:
                 return _SKIP if pa.phase is None else ("phase", pa.phase)
             return ("step",)
-        if kind is DEVICE:
-            if fld == F_UTIL and pa.task not in (None, "general"):
-                return _SKIP
-            if fld == F_ECC:
-                if pa.error_type == "xid":
-                    fld = F_XID
-                elif pa.error_type != "uncorrected":
-                    return _SKIP
+        if kind == DEVICE:
             if pa.hw_id is None:
                 return _SKIP
-        elif kind is PROCESS_GPU:
+        elif kind == PROCESS_GPU:
             if pa.pid is None or pa.hw_id is None:
                 return _SKIP
-        elif kind is TORCH:
+        elif kind == TORCH:
             # torch's allocator is reported by the process itself: the resource names it.
-            device = pa.hw_id or (None if pa.gpu_index is None else f"gpu.index={pa.gpu_index}")
+            device = pa.hw_id or (
+                None if pa.gpu_index is None else f"{GPU_INDEX_PREFIX}{pa.gpu_index}"
+            )
             return sink.target(res, kind, device, pa.pid, fld) or _OVERFLOW
         elif pa.pid is None:
             return _SKIP
@@ -317,7 +344,6 @@ class MetricsDecoder:
                     cache = by_metric.get(name)
                     if cache is None:
                         cache = by_metric[name] = {}
-                    kind, fld = route
                     refused = 0  # new attribute sets the caps refused (see _FLOOD_REFUSALS)
                     points = NumberDataRawView.FromString(data)
                     temporality = points.aggregation_temporality
@@ -365,9 +391,7 @@ class MetricsDecoder:
                                 sink.overflow += 1  # still flooding: counted, not parsed
                                 continue
                             attrs = key if type(key) is tuple else _tail_attrs(key)
-                            tg = cache[key] = self._resolve(
-                                sink, res, kind, fld, point_attrs(attrs)
-                            )
+                            tg = cache[key] = self._resolve(sink, res, route, point_attrs(attrs))
                             self._entries += 1
                             self._key_bytes += sum(map(len, attrs))
                             if tg is _OVERFLOW:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -35,10 +36,26 @@ from otel_gpu import __version__
 from otel_gpu.detect.breaker import OPEN, Transition
 from otel_gpu.detect.model import Alert
 from otel_gpu.redact import redact_text
+from otel_gpu.signals import (
+    ALERT_CONFIDENCE,
+    ALERT_EVENT,
+    ALERT_EVIDENCE,
+    ALERT_KIND,
+    ALERT_SEVERITY,
+    ALERT_TIME,
+    ALERT_WINDOW,
+    ALERTS,
+    BREAKER_EPISODE,
+    BREAKER_FROM,
+    BREAKER_STATE,
+    BREAKER_TO,
+    LEAK_RATE,
+    TIME_TO_EXHAUSTION,
+    TRANSITION_EVENT,
+    Signal,
+)
 
 SCOPE_NAME = "otel_gpu.processor"
-ALERT_EVENT = "otel_gpu.alert"
-TRANSITION_EVENT = "otel_gpu.breaker.transition"
 
 Attrs = Sequence[tuple[str, object]]
 
@@ -86,15 +103,15 @@ def _group(items: Iterable[tuple[SubjectOutput, object]]) -> dict[tuple, list]:
 def alert_attributes(alert: Alert) -> list[tuple[str, object]]:
     """Log-record attributes of an alert (evidence flattened under otel_gpu.alert.evidence.*)."""
     attrs: list[tuple[str, object]] = [
-        ("otel_gpu.alert.kind", alert.kind),
-        ("otel_gpu.alert.severity", alert.severity),
-        ("otel_gpu.alert.time", float(alert.time)),
-        ("otel_gpu.leak.rate", alert.rate_bytes_per_s),
-        ("otel_gpu.memory.time_to_exhaustion", alert.eta_s),
-        ("otel_gpu.alert.window", alert.window_s),
-        ("otel_gpu.alert.confidence", alert.confidence),
+        (ALERT_KIND, alert.kind),
+        (ALERT_SEVERITY, alert.severity),
+        (ALERT_TIME, float(alert.time)),
+        (LEAK_RATE.name, alert.rate_bytes_per_s),
+        (TIME_TO_EXHAUSTION.name, alert.eta_s),
+        (ALERT_WINDOW, alert.window_s),
+        (ALERT_CONFIDENCE, alert.confidence),
     ]
-    attrs.extend((f"otel_gpu.alert.evidence.{k}", v) for k, v in sorted(alert.evidence.items()))
+    attrs.extend((ALERT_EVIDENCE + k, v) for k, v in sorted(alert.evidence.items()))
     return attrs
 
 
@@ -131,14 +148,21 @@ def logs_request(
                 rec.severity_text = "WARN" if opened else "INFO"
                 rec.body.string_value = redact_text(item.reason)
                 extra = [
-                    ("otel_gpu.breaker.from_state", item.from_state),
-                    ("otel_gpu.breaker.to_state", item.to_state),
-                    ("otel_gpu.breaker.episode", item.episode),
+                    (BREAKER_FROM, item.from_state),
+                    (BREAKER_TO, item.to_state),
+                    (BREAKER_EPISODE, item.episode),
                 ]
                 if item.alert is not None:
-                    extra.append(("otel_gpu.alert.kind", item.alert.kind))
+                    extra.append((ALERT_KIND, item.alert.kind))
                 rec.attributes.extend(_kvs(extra))
     return req.SerializeToString()
+
+
+def _metric(scope_metrics: Any, signal: Signal) -> Any:
+    """An empty metric of ``signal``'s name, unit and description in ``scope_metrics``."""
+    return scope_metrics.metrics.add(
+        name=signal.name, unit=signal.unit, description=signal.description
+    )
 
 
 def metrics_request(values: Sequence[DetectorValues], start_ns: int, now_ns: int) -> bytes:
@@ -149,14 +173,9 @@ def metrics_request(values: Sequence[DetectorValues], start_ns: int, now_ns: int
         rm.resource.attributes.extend(_kvs(resource))
         sm = rm.scope_metrics.add()
         sm.scope.name, sm.scope.version = SCOPE_NAME, __version__
-        leak = sm.metrics.add(name="otel_gpu.leak.rate", unit="By/s")
-        leak.description = "Growth rate of the subject's leaking memory (current estimate)"
-        eta = sm.metrics.add(name="otel_gpu.memory.time_to_exhaustion", unit="s")
-        eta.description = "Projected time until the memory limit is reached (current estimate)"
-        state = sm.metrics.add(name="otel_gpu.breaker.state", unit="1")
-        state.description = "Circuit breaker state: 0 closed, 1 half-open, 2 open"
-        alerts = sm.metrics.add(name="otel_gpu.alerts", unit="{alert}")
-        alerts.description = "Alerts raised by the detectors"
+        leak, eta, state, alerts = (
+            _metric(sm, s) for s in (LEAK_RATE, TIME_TO_EXHAUSTION, BREAKER_STATE, ALERTS)
+        )
         alerts.sum.aggregation_temporality = AGGREGATION_TEMPORALITY_CUMULATIVE
         alerts.sum.is_monotonic = True
         for _, v in entries:
@@ -179,7 +198,7 @@ def metrics_request(values: Sequence[DetectorValues], start_ns: int, now_ns: int
                     start_time_unix_nano=start_ns, time_unix_nano=now_ns, as_int=count
                 )
                 dp.attributes.extend(attrs)
-                dp.attributes.append(KeyValue(key="otel_gpu.alert.kind", value=_value(kind)))
+                dp.attributes.append(KeyValue(key=ALERT_KIND, value=_value(kind)))
         # An OTLP metric must carry data: drop the ones this resource has no points for.
         keep = [m for m in sm.metrics if m.gauge.data_points or m.sum.data_points]
         del sm.metrics[:]

@@ -21,8 +21,9 @@ from otel_gpu.detect.subject import SUBJECT_KIND
 from otel_gpu.processor.assemble import subject_name
 from otel_gpu.processor.decode import ResourceInfo, resource_info
 from otel_gpu.processor.wire import MetricsRequestView, NumberDataPointView, NumberDataRawView
+from otel_gpu.signals import BREAKER_STATE, HW_ID, PROCESS_PID
 
-AGENT_METRIC = "otel_gpu.breaker.state"
+AGENT_METRIC = BREAKER_STATE.name
 _NEEDLE = AGENT_METRIC.encode()
 _MAX_CACHE = 50_000
 
@@ -120,9 +121,9 @@ def _name(res: ResourceInfo, attrs: tuple[bytes, ...]) -> str | None:
             continue
         if kv.key == SUBJECT_KIND:
             kind = kv.value.string_value or None
-        elif kv.key == "hw.id":
+        elif kv.key == HW_ID:
             hw_id = kv.value.string_value or None
-        elif kv.key == "process.pid" and kv.value.WhichOneof("value") == "int_value":
+        elif kv.key == PROCESS_PID and kv.value.WhichOneof("value") == "int_value":
             pid = kv.value.int_value
     if kind is None:
         return None  # not the agent's identity attributes: nothing to recognise

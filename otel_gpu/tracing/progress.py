@@ -24,6 +24,17 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
 from otel_gpu.detect.model import PHASE_EVALUATE, PHASE_LOAD, PHASE_SAVE, PHASE_TRAIN
+from otel_gpu.signals import (
+    GPU_INDEX,
+    HW_ID,
+    PHASE,
+    TORCH_ALLOCATED,
+    TORCH_PEAK,
+    TORCH_RESERVED,
+    TRAINING_PHASE,
+    TRAINING_STEP,
+    observable,
+)
 
 log = logging.getLogger("otel_gpu.tracing")
 
@@ -142,7 +153,7 @@ def _observe_phase(_options: CallbackOptions) -> Iterable[Observation]:
     if current is None or not in_owner():
         return
     for phase in PHASES:
-        yield Observation(1 if phase == current else 0, {"training.phase": phase})
+        yield Observation(1 if phase == current else 0, {PHASE: phase})
 
 
 def register(meter_provider: MeterProvider | None = None) -> bool:
@@ -154,18 +165,8 @@ def register(meter_provider: MeterProvider | None = None) -> bool:
         _registered.add(id(provider))
     try:
         meter = provider.get_meter("otel_gpu.tracing")
-        meter.create_observable_gauge(
-            "training.step",
-            [_observe_step],
-            unit="{step}",
-            description="Global training step (optimizer steps completed).",
-        )
-        meter.create_observable_up_down_counter(
-            "training.phase",
-            [_observe_phase],
-            unit="1",
-            description="1 for the current training phase (load, train, evaluate, save), 0 for the others.",
-        )
+        observable(meter, TRAINING_STEP, [_observe_step])
+        observable(meter, TRAINING_PHASE, [_observe_phase])
         return True
     except Exception as exc:  # never harm the job
         log.warning("otel-gpu: training instruments not registered: %s", exc)
@@ -195,14 +196,14 @@ def _torch_callback(torch: Any, key: str) -> Any:
             value = stats.get(key)
             if value is None:
                 continue
-            attributes: dict[str, str | int] = {"gpu.index": index}
+            attributes: dict[str, str | int] = {GPU_INDEX: index}
             if index not in uuids:
                 try:
                     uuids[index] = f"GPU-{torch.cuda.get_device_properties(index).uuid}"
                 except Exception:
                     uuids[index] = ""
             if uuids[index]:
-                attributes["hw.id"] = uuids[index]
+                attributes[HW_ID] = uuids[index]
             yield Observation(int(value), attributes)
 
     return observe
@@ -218,24 +219,12 @@ def register_torch(torch: Any, meter_provider: MeterProvider | None = None) -> b
         return False
     try:
         meter = (meter_provider or metrics.get_meter_provider()).get_meter("otel_gpu.tracing")
-        meter.create_observable_up_down_counter(
-            "torch.cuda.memory.allocated",
-            [_torch_callback(torch, "allocated_bytes.all.current")],
-            unit="By",
-            description="Bytes held by live tensors in torch's CUDA caching allocator.",
-        )
-        meter.create_observable_up_down_counter(
-            "torch.cuda.memory.reserved",
-            [_torch_callback(torch, "reserved_bytes.all.current")],
-            unit="By",
-            description="Bytes reserved from the device by torch's CUDA caching allocator.",
-        )
-        meter.create_observable_gauge(
-            "torch.cuda.memory.peak",
-            [_torch_callback(torch, "allocated_bytes.all.peak")],
-            unit="By",
-            description="Peak bytes held by live tensors since start or the last peak reset.",
-        )
+        for signal, stat in (
+            (TORCH_ALLOCATED, "allocated_bytes.all.current"),
+            (TORCH_RESERVED, "reserved_bytes.all.current"),
+            (TORCH_PEAK, "allocated_bytes.all.peak"),
+        ):
+            observable(meter, signal, [_torch_callback(torch, stat)])
         return True
     except Exception as exc:
         log.warning("otel-gpu: torch allocator instruments not registered: %s", exc)

@@ -16,8 +16,10 @@ import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from otel_gpu.detect.model import Point
+from otel_gpu.detect.model import Point, point
+from otel_gpu.detect.trace import REQUIRED
 
 GB = 1e9
 MIB = float(1 << 20)
@@ -186,8 +188,7 @@ def generate(
             if util > 0.3:
                 step += interval_s / 2
         used = min(used, limit)
-        values: dict[str, object] = {
-            "time": t,
+        values: dict[str, Any] = {
             "used_bytes": float(_quantize(used)),
             "limit_bytes": float(limit),
         }
@@ -201,7 +202,7 @@ def generate(
         for name in columns:
             if name in optional:
                 values[name] = optional[name]
-        points.append(Point(**values))  # type: ignore[arg-type]
+        points.append(point(t, values))
         t += interval_s
     return Trace(
         f"{shape}_{noise}_{interval_s:g}s_{seed}",
@@ -220,7 +221,7 @@ def _quantize(x: float) -> float:
 
 def write_csv(trace: Trace, path: str | os.PathLike[str]) -> None:
     """Write in the ``otel-gpu analyze`` format (only the trace's columns)."""
-    cols = ["time_s", "used_bytes", "limit_bytes", *trace.columns]
+    cols = [*REQUIRED, *trace.columns]
     with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow(cols)

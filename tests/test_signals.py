@@ -1,0 +1,385 @@
+"""The signal contract: what the agent exports, what the processor routes and what the engine
+reads are the same declarations, checked through the real OTel SDK and OTLP encoding.
+
+A renamed instrument, a unit changed on one side, a route to a metric nobody exports or a Point
+field no signal feeds fails here instead of leaving fleet detection blind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import encode_metrics
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics._internal.point import Gauge, Sum
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricsData
+from test_breaker_conditions import _leak_snapshots
+
+from otel_gpu import metrics, signals
+from otel_gpu.actions.span_event import alert_attributes
+from otel_gpu.detect.breaker import Breaker, BreakerConfig, Transition
+from otel_gpu.detect.engine import Engine
+from otel_gpu.detect.model import LEAK, NUMERIC_FIELDS, Alert, Point
+from otel_gpu.points import snapshot_points
+from otel_gpu.processor import outputs
+from otel_gpu.processor.assemble import Assembler, Subject
+from otel_gpu.processor.decode import ROUTES, MetricsDecoder
+from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, ProcessSample, Snapshot
+from otel_gpu.watchdog import Watchdog
+
+GIB = 1 << 30
+UUID = "GPU-5e1f4c2a-9b7d-4e3f-8a1b-000000000000"
+Exported = dict[str, tuple[str, str]]  # metric name -> (unit, contract kind)
+
+
+def _kind(data: Any) -> str:
+    if isinstance(data, Gauge):
+        return signals.GAUGE
+    assert isinstance(data, Sum)
+    return signals.COUNTER if data.is_monotonic else signals.UPDOWN
+
+
+def _exported(data: MetricsData | None) -> Exported:
+    return {
+        m.name: (m.unit, _kind(m.data))
+        for rm in (data.resource_metrics if data else ())
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+
+
+def _agent_table(snap: Snapshot) -> MetricsData | None:
+    reader = InMemoryMetricReader()
+    metrics.register(MeterProvider(metric_readers=[reader]).get_meter("t"), lambda: snap)
+    return reader.get_metrics_data()
+
+
+# The trainer's own instruments, in a child process (progress keeps the step and phase in
+# module state): training progress, and torch's allocator as a CUDA build of torch on one
+# initialized device reports it (there is no GPU here: the stand-in answers the same calls).
+TRAINER = textwrap.dedent(
+    """
+    import json
+    from types import SimpleNamespace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from otel_gpu.tracing import progress
+
+    stats = {"allocated_bytes.all.current": 3, "reserved_bytes.all.current": 4,
+             "allocated_bytes.all.peak": 3}
+    cuda = SimpleNamespace(
+        is_initialized=lambda: True, device_count=lambda: 1, current_device=lambda: 0,
+        memory_reserved=lambda i: 4, memory_stats=lambda i: stats,
+        get_device_properties=lambda i: SimpleNamespace(uuid="5e1f"),
+    )
+    torch = SimpleNamespace(version=SimpleNamespace(cuda="12.4"), cuda=cuda)
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    assert progress.register(provider) and progress.register_torch(torch, provider)
+    progress.set_step(3)
+    progress.push_phase("train")
+    out = {}
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                kind = type(m.data).__name__
+                monotonic = getattr(m.data, "is_monotonic", None)
+                out[m.name] = [m.unit, kind, monotonic]
+    print(json.dumps(out))
+    """
+)
+
+
+def _trainer_exported() -> Exported:
+    done = subprocess.run(
+        [sys.executable, "-c", TRAINER], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    kinds = {
+        ("Gauge", None): signals.GAUGE,
+        ("Sum", True): signals.COUNTER,
+        ("Sum", False): signals.UPDOWN,
+    }
+    found = json.loads(done.stdout)
+    return {name: (unit, kinds[(kind, mono)]) for name, (unit, kind, mono) in found.items()}
+
+
+def _everything_exported() -> Exported:
+    """Every metric the agent's side exports: the instrument table over a full snapshot, the
+    trainer's progress and torch's allocator."""
+    gpu = GpuSample(**{f.name: _value(f) for f in dataclasses.fields(GpuSample)})
+    snap = Snapshot(
+        time=1.0,
+        gpus=(gpu,),
+        gpu_processes=(GpuProcessSample(pid=7, gpu_uuid=UUID, used_memory=GIB, sm_util=0.5),),
+        processes=(ProcessSample(pid=7, **_process_values()),),
+    )
+    return _exported(_agent_table(snap)) | _trainer_exported()
+
+
+def _value(f: dataclasses.Field) -> Any:
+    return {
+        "uuid": UUID,
+        "index": 0,
+        "name": "NVIDIA H100",
+        "status": "ok",
+        "parent": None,
+        "xid_codes": (),
+        "throttle_reasons": 0x4,
+        "mig_mode": False,
+        "processes_listed": True,
+        "read_seconds": 0.01,
+    }.get(f.name, 1)
+
+
+def _process_values() -> dict[str, Any]:
+    return {
+        "memory_rss": GIB,
+        "memory_virtual": 2 * GIB,
+        "cpu_utilization": 0.5,
+        "thread_count": 3,
+        "fd_count": 9,
+    }
+
+
+@pytest.fixture(scope="module")
+def exported() -> Exported:
+    return _everything_exported()
+
+
+@pytest.mark.parametrize("name", sorted(ROUTES))
+def test_every_route_names_an_exported_instrument_with_its_unit_and_kind(
+    name: str, exported: Exported
+) -> None:
+    declared = signals.BY_NAME[name]
+    assert exported.get(name) == (declared.unit, declared.kind)
+
+
+def test_everything_exported_is_declared_once_with_its_unit_and_kind(exported: Exported) -> None:
+    declared = {s.name: (s.unit, s.kind) for s in signals.SIGNALS}
+    assert len(declared) == len(signals.SIGNALS)  # no name declared twice
+    outputs_ = {s.name for s in signals.DETECTOR_OUTPUTS}
+    assert exported == {n: v for n, v in declared.items() if n not in outputs_}
+
+
+@pytest.mark.parametrize("field", [*NUMERIC_FIELDS, "procs", "phase"])
+def test_every_point_field_is_fed_by_a_signal(field: str) -> None:
+    fed = [f for f in signals.FEEDS if f.field == field]
+    assert fed, f"no signal feeds Point.{field}: the engine would never see it"
+    assert all(f.signal in signals.SIGNALS for f in fed)
+
+
+def test_feeds_name_point_fields_and_attribute_values_the_agent_exports() -> None:
+    point_fields = {f.name for f in dataclasses.fields(Point)}
+    for feed in signals.FEEDS:
+        assert feed.field in point_fields
+        if feed.select is not None:
+            key, values = feed.select
+            exported_values = {
+                dict(extra).get(key)
+                for spec in metrics.INSTRUMENTS
+                if spec.signal == feed.signal
+                for _field, extra in spec.sources
+            }
+            assert set(values) & exported_values, f"{feed}: no exported series is selected"
+
+
+# -- the agent's points and the processor's points of one snapshot ------------------------------
+
+FULL_GPU = GpuSample(
+    uuid=UUID,
+    index=0,
+    memory_used=30 * GIB,
+    memory_total=80 * GIB,
+    util_gpu=0.9,
+    util_encoder=0.1,
+    power_w=450.0,
+    power_limit_w=700.0,
+    temperature_c=66.0,
+    ecc_corrected=5,
+    ecc_uncorrected=2,
+    xid_errors=1,
+    processes_listed=True,
+)
+FULL = {
+    "used_bytes": 30 * GIB,
+    "limit_bytes": 80 * GIB,
+    "util": 0.9,
+    "procs": 1,
+    "power_w": 450.0,
+    "power_limit_w": 700.0,
+    "temperature_c": 66.0,
+    "ecc_uncorrected": 2,
+    "xid_errors": 1,
+}
+SPARSE_GPU = GpuSample(uuid=UUID, index=0, memory_used=GIB, processes_listed=False)
+SPARSE = {"used_bytes": GIB}  # the rest unknown (None), never 0
+
+
+ON_GPU = (GpuProcessSample(pid=7, gpu_uuid=UUID, used_memory=7 * GIB),)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "on_gpu", "gpu_point", "process_point"),
+    [
+        (FULL_GPU, ON_GPU, FULL, {"used_bytes": 7 * GIB, "limit_bytes": 80 * GIB}),
+        # NVML could not list processes: no process subjects, the count unknown (not 0)
+        (SPARSE_GPU, (), SPARSE, None),
+    ],
+    ids=["every-field", "unknowns"],
+)
+def test_agent_and_processor_read_the_same_points_from_one_snapshot(
+    gpu: GpuSample, on_gpu: tuple, gpu_point: dict, process_point: dict | None
+) -> None:
+    """The agent judges the snapshot itself; the processor judges what the agent's instrument
+    table exports of it, encoded as OTLP: the same fields, the same values."""
+    snap = Snapshot(
+        time=1.0,
+        gpus=(gpu,),
+        gpu_processes=on_gpu,
+        processes=(ProcessSample(pid=7, memory_rss=3 * GIB, in_tree=True),),
+    )
+    agent = {s: p for s, p, _attrs in snapshot_points(snap)}
+    processor = _processor_points(snap)
+
+    def known(p: Point | None, ignore: tuple[str, ...] = ()) -> dict[str, Any] | None:
+        if p is None:
+            return None
+        fields = (*NUMERIC_FIELDS, "procs", "phase")
+        return {f: getattr(p, f) for f in fields if getattr(p, f) is not None and f not in ignore}
+
+    assert known(agent[f"gpu:{UUID}"]) == known(processor[("gpu", UUID, None)]) == gpu_point
+    process = (
+        known(agent.get(f"process:7@{UUID}")),
+        known(processor.get(("process_gpu", UUID, 7))),
+    )
+    assert process[0] == process[1] == process_point
+    # host RSS: the agent adds the host's memory as the limit, the processor does not know it
+    rss = known(agent["rss:7"], ("limit_bytes",)), known(processor[("process_rss", None, 7)])
+    assert rss[0] == rss[1] == {"used_bytes": 3 * GIB}
+
+
+def _processor_points(snap: Snapshot) -> dict[tuple[str, str | None, int | None], Point]:
+    raw = encode_metrics(_agent_table(snap)).SerializeToString()
+    out: dict[tuple[str, str | None, int | None], Point] = {}
+
+    def emit(subject: Subject, point: Point) -> None:
+        out[(subject.kind, subject.hw_id, subject.pid)] = point
+
+    asm = Assembler(emit, max_series=100, grace_s=0.0, ttl_s=3600.0)
+    decoder = MetricsDecoder(min_time_unix_s=0, max_future_s=3600)
+    decoded = decoder.decode(raw, asm, now_ns=time.time_ns())  # the SDK stamps the wall time
+    assert decoded.rejected == 0 and decoded.points > 0
+    asm.flush_due(0.0, all_pending=True)
+    return out
+
+
+# -- detector outputs ----------------------------------------------------------------------------
+
+OUTPUTS = {s.name: (s.unit, s.kind) for s in signals.DETECTOR_OUTPUTS}
+
+
+def test_the_agent_exports_exactly_the_declared_detector_outputs() -> None:
+    reader = InMemoryMetricReader()
+    wd = Watchdog(Engine(), Breaker(BreakerConfig()))
+    wd.register_instruments(MeterProvider(metric_readers=[reader]).get_meter("t"))
+    for snap in _leak_snapshots(0.0, 5, lambda t: 600e6 / 3600):
+        wd.on_snapshot(snap)
+    assert any(a.kind == LEAK for a in wd.alerts)
+    assert _exported(reader.get_metrics_data()) == OUTPUTS
+
+
+ALERT = Alert(LEAK, "gpu:G", 10.0, "warning", "leaks", 1e3, 60.0, 600.0, 0.9, {"r2": 0.9})
+SUBJECT = outputs.SubjectOutput((("host.name", "n1"),), (("hw.id", "G"),))
+
+
+def test_the_processor_exports_exactly_the_declared_detector_outputs() -> None:
+    values = outputs.DetectorValues(SUBJECT, 2, 1e3, 60.0, {LEAK: 1})
+    req = ExportMetricsServiceRequest.FromString(outputs.metrics_request([values], 0, 10))
+    got = {
+        m.name: (m.unit, signals.GAUGE if m.HasField("gauge") else _sum_kind(m.sum))
+        for rm in req.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+    assert got == OUTPUTS
+
+
+def _sum_kind(s: Any) -> str:
+    return signals.COUNTER if s.is_monotonic else signals.UPDOWN
+
+
+CONTRACT_KEYS = {v for k, v in vars(signals).items() if k.isupper() and isinstance(v, str)} | {
+    s.name for s in signals.SIGNALS
+}
+
+
+def _undeclared(keys: set[str]) -> set[str]:
+    return {k for k in keys if k not in CONTRACT_KEYS and not k.startswith(signals.ALERT_EVIDENCE)}
+
+
+@pytest.mark.parametrize(
+    "record_keys",
+    [
+        lambda: set(alert_attributes(ALERT)),
+        lambda: _log_keys(alerts=[(SUBJECT, ALERT)]),
+        lambda: _log_keys(
+            transitions=[(SUBJECT, Transition("gpu:G", "closed", "open", 10.0, "x", ALERT, 1))]
+        ),
+    ],
+    ids=["span-event", "alert-log", "transition-log"],
+)
+def test_alert_and_transition_records_use_declared_keys(
+    record_keys: Callable[[], set[str]],
+) -> None:
+    keys = record_keys()
+    assert signals.ALERT_KIND in keys
+    assert _undeclared(keys) == set()
+
+
+def _log_keys(alerts: list | None = None, transitions: list | None = None) -> set[str]:
+    raw = outputs.logs_request(alerts or [], transitions or [], 10)
+    req = ExportLogsServiceRequest.FromString(raw)
+    records = [r for rl in req.resource_logs for sl in rl.scope_logs for r in sl.log_records]
+    assert records and {r.event_name for r in records} <= CONTRACT_KEYS
+    return {a.key for r in records for a in r.attributes}
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+INSTRUMENT_WORDS = {"Gauge": signals.GAUGE, "Counter": signals.COUNTER}
+INSTRUMENT_WORDS["UpDownCounter"] = signals.UPDOWN
+
+
+def _readme_rows() -> dict[str, tuple[str, str]]:
+    """Metric tables of the README: name -> (unit, kind), from rows ``| `name` | instrument |
+    unit | ...`` (a row may list several names)."""
+    rows: dict[str, tuple[str, str]] = {}
+    for line in README.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or not cells[0].startswith("`"):
+            continue
+        kind = INSTRUMENT_WORDS.get(cells[1].removeprefix("Observable"))
+        if kind is None:
+            continue
+        for name in re.findall(r"`([^`]+)`", cells[0]):
+            rows[name] = (cells[2].strip("`"), kind)
+    return rows
+
+
+@pytest.mark.parametrize("signal", signals.SIGNALS, ids=lambda s: s.name)
+def test_the_readme_documents_every_signal_with_its_unit_and_kind(signal: signals.Signal) -> None:
+    assert _readme_rows().get(signal.name) == (signal.unit, signal.kind)
