@@ -253,21 +253,45 @@ _PYTHON = re.compile(r"^python[0-9.]*$")
 def program_name(command: Sequence[str]) -> str:
     """The name of the program a command runs, past launchers and the interpreter: the script's
     stem (``train`` for ``python train.py``), the module (``python -m swift.cli.sft``) or the
-    program itself (``swift``, ``torchrun``)."""
+    program itself (``swift``, ``torchrun``; ``python`` for ``python -c CODE``: code is no name,
+    and may hold anything)."""
     words = list(command)
-    while words:
-        name = os.path.basename(words[0])
-        if name in _LAUNCHERS or "=" in name:  # env's NAME=value words too
-            words.pop(0)
+    while words and (os.path.basename(words[0]) in _LAUNCHERS or "=" in words[0]):
+        words.pop(0)  # a launcher, or one of env's NAME=value words
+        while words and words[0].startswith("-"):
+            words.pop(0)  # the launcher's own flags (time -p, env -i)
+    if not words:
+        return ""
+    name = os.path.basename(words[0])
+    if _PYTHON.match(name):
+        return _python_target(name, words[1:])
+    return name.removesuffix(".py") or name
+
+
+# The interpreter's options whose value follows, in the same word (-Wignore) or the next.
+_PYTHON_VALUE_OPTIONS = "cmWX"
+
+
+def _python_target(interpreter: str, args: Sequence[str]) -> str:
+    """What ``interpreter args`` runs: the script's stem, the ``-m`` module, else (``-c``,
+    standard input, nothing) the interpreter's own name."""
+    i = 0
+    while i < len(args) and args[i].startswith("-") and args[i] != "-":
+        word = args[i]
+        i += 1
+        if word.startswith("--"):  # --version and the like: no value
             continue
-        if _PYTHON.match(name):
-            words.pop(0)
-            while words and words[0].startswith("-") and words[0] != "-m":
-                words.pop(0)  # interpreter options such as -u, -O
-            if words[:1] == ["-m"] and len(words) > 1:
-                return words[1]
-            if not words:
-                return name
-            continue
-        return name.removesuffix(".py") or name
-    return ""
+        for at, letter in enumerate(word[1:], start=2):
+            if letter in _PYTHON_VALUE_OPTIONS:
+                value = word[at:]
+                if not value and i < len(args):
+                    value, i = args[i], i + 1
+                if letter == "m":
+                    return value or interpreter
+                if letter == "c":
+                    return interpreter
+                break  # -W / -X: their value is no program
+    if i == len(args) or args[i] == "-":
+        return interpreter
+    script = os.path.basename(args[i])
+    return script.removesuffix(".py") or script

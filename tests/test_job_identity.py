@@ -125,6 +125,14 @@ def test_the_job_is_given_the_wrappers_service_name_unless_it_has_the_same(
         (["swift", "sft", "--model", "m"], "swift"),
         (["/usr/bin/torchrun", "--nproc-per-node", "2", "train.py"], "torchrun"),
         (["python3"], "python3"),  # nothing past the interpreter: its own name
+        (["python", "-W", "ignore", "train.py"], "train"),  # an option's value is no script
+        (["python3", "-X", "importtime", "-Wignore", "train.py"], "train"),
+        (["python", "-um", "swift.cli.sft"], "swift.cli.sft"),
+        (["python", "-msweep"], "sweep"),
+        (["python", "-c", "import os; T='s3cr3t'"], "python"),  # code is no name (nor shown)
+        (["python", "-c", "print(1)"], "python"),
+        (["time", "-p", "python", "train.py"], "train"),  # a launcher's own flags
+        (["env", "-i", "RANK=0", "python", "train.py"], "train"),
         ([], "otel-gpu"),
     ],
 )
