@@ -17,6 +17,7 @@ GPU_A, GPU_B = (
     "GPU-bbbbbbbb-0000-4000-8000-000000000000",
 )
 UID_1, UID_2 = "11111111-2222-4333-8444-555555555555", "66666666-7777-4888-9999-000000000000"
+UID_3 = "33333333-4444-4555-8666-777777777777"
 
 
 @pytest.mark.parametrize(
@@ -75,6 +76,14 @@ PODS = {UID_1: PodDir("ns", "a", UID_1, ("main",)), UID_2: PodDir("ns", "b", UID
         ([_alloc(GPU_A, "c")], PODS,
          {"k8s.namespace.name": "ns", "k8s.pod.name": "c", "k8s.container.name": "main"},
          {"k8s.namespace.name": "ns", "k8s.pod.name": "a", "k8s.pod.uid": UID_1, "k8s.container.name": "main"}),
+        # Pod "a" replaced under the same name, the old one's folder not yet removed: the UID
+        # is the one whose processes use the GPU, whichever folder is listed first.
+        ([_alloc(GPU_A, "a")], {UID_1: PODS[UID_1], UID_3: PodDir("ns", "a", UID_3, ("main",))},
+         {"k8s.namespace.name": "ns", "k8s.pod.name": "a", "k8s.pod.uid": UID_1, "k8s.container.name": "main"},
+         {"k8s.namespace.name": "ns", "k8s.pod.name": "a", "k8s.pod.uid": UID_1, "k8s.container.name": "main"}),
+        ([_alloc(GPU_A, "a")], {UID_3: PodDir("ns", "a", UID_3, ("main",)), UID_1: PODS[UID_1]},
+         {"k8s.namespace.name": "ns", "k8s.pod.name": "a", "k8s.pod.uid": UID_1, "k8s.container.name": "main"},
+         {"k8s.namespace.name": "ns", "k8s.pod.name": "a", "k8s.pod.uid": UID_1, "k8s.container.name": "main"}),
     ],
 )  # fmt: skip
 def test_pairing(
@@ -96,3 +105,11 @@ def test_an_empty_pod_log_folder_calls_no_process_gone() -> None:
     assert [(a["process.pid"], a["otel_gpu.orphan.reason"]) for _, a in gone.orphaned] == [
         (20, "pod_gone")
     ]
+
+
+@pytest.mark.parametrize("old_first", [True, False])
+def test_a_replaced_pods_allocation_row_names_the_running_pods_uid(old_first: bool) -> None:
+    old, new = PodDir("ns", "a", UID_3, ("main",)), PODS[UID_1]
+    pods = {UID_3: old, UID_1: new} if old_first else {UID_1: new, UID_3: old}
+    found = map_node(SNAP, [_alloc(GPU_A, "a")], IDS, pods)
+    assert [a["k8s.pod.uid"] for _, a in found.allocated] == [UID_1]
