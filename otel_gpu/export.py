@@ -8,6 +8,7 @@ flush and shutdown here runs on a helper thread that is abandoned after ``timeou
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -131,9 +132,12 @@ class ScrapeEndpoint(PrometheusMetricReader):
         try:
             self._server, _thread = start_http_server(port, addr=host, registry=registry)
         except OSError as exc:  # port taken, address not on this host, unknown host name
+            # ``fix`` is about the port; a host that is not this machine's needs another one.
+            taken = exc.errno in (errno.EADDRINUSE, errno.EACCES)
             raise UsageError(
                 f"cannot serve Prometheus metrics on {host}:{port} "
-                f"({setting}): {exc.strerror or exc}; {fix}"
+                f"({setting}): {exc.strerror or exc}; "
+                f"{fix if taken else 'give an address of this host, e.g. 127.0.0.1 or 0.0.0.0'}"
             ) from None
         self.address = (host, self._server.server_port)
         log.info("serving Prometheus metrics at http://%s:%d/metrics", *self.address)
