@@ -105,6 +105,10 @@ def shown_endpoint(endpoint: str | None) -> str:
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
 
 
+SCRAPE_WORKERS = 8  # scrapes served at once (Prometheus replicas, a curl); more are closed
+SCRAPE_TIMEOUT_S = 5.0  # per socket read or write: a client that stalls is dropped
+
+
 class ScrapeEndpoint(PrometheusMetricReader):
     """``GET /metrics`` for Prometheus, served by the OpenTelemetry Prometheus exporter.
 
@@ -125,12 +129,20 @@ class ScrapeEndpoint(PrometheusMetricReader):
     ) -> None:
         """Serve on ``host:port``; a failure to bind is a UsageError naming ``setting`` (what
         the user set) and ``fix``. ``reader_options`` go to PrometheusMetricReader."""
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.exposition import MetricsHandler
+
+        from otel_gpu.health import BoundedServer
 
         registry = CollectorRegistry(auto_describe=True)
         super().__init__(registry=registry, **reader_options)
+        # Not prometheus_client's start_http_server: it gives every connection a thread with no
+        # timeout, so idle or slow clients pile up threads in the agent (or the job's process).
+        handler = type(
+            "ScrapeHandler", (MetricsHandler.factory(registry),), {"timeout": SCRAPE_TIMEOUT_S}
+        )
         try:
-            self._server, _thread = start_http_server(port, addr=host, registry=registry)
+            self._server = BoundedServer((host, port), handler, SCRAPE_WORKERS)
         except OSError as exc:  # port taken, address not on this host, unknown host name
             # ``fix`` is about the port; a host that is not this machine's needs another one.
             taken = exc.errno in (errno.EADDRINUSE, errno.EACCES)
@@ -140,6 +152,9 @@ class ScrapeEndpoint(PrometheusMetricReader):
                 f"{fix if taken else 'give an address of this host, e.g. 127.0.0.1 or 0.0.0.0'}"
             ) from None
         self.address = (host, self._server.server_port)
+        threading.Thread(
+            target=self._server.serve_forever, name="otel-gpu-prometheus", daemon=True
+        ).start()
         log.info("serving Prometheus metrics at http://%s:%d/metrics", *self.address)
 
     @classmethod
