@@ -55,6 +55,11 @@ def _config(argv: list[str], env: dict[str, str] | None = None) -> ProcessorConf
         # Numbers and their bounds (flag-only settings).
         (["--export-interval", "0"], {}, "--export-interval='0': use a positive number of sec"),
         (["--stall-after", "inf"], {}, "--stall-after='inf': use a positive number of seconds"),
+        # Bounded: past ~1e11 s a retry delay no longer fits a gRPC Duration (every push-back
+        # failed) and a flush timeout no longer fits a thread wait.
+        (["--retry-after", "1e308"], {},
+         "--retry-after='1e308': use a positive number of seconds, at most 86400 (a day)"),
+        (["--flush-timeout", "1e12"], {}, "--flush-timeout='1e12': use a positive number of sec"),
         (["--max-series", "2.5"], {}, "--max-series='2.5': use a whole number, 1 or more"),
         (["--max-inflight", "0"], {}, "--max-inflight='0': use a whole number, 1 or more"),
         (["--max-requests-per-s", "nan"], {},

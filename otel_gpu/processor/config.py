@@ -150,7 +150,11 @@ def _in_bytes(parse: Parser) -> Parser:
     return lambda raw, source: int(parse(raw, source) * _MIB)
 
 
-_SECONDS = number(0, low_open=True, accepted="use a positive number of seconds")
+# At most a day: a larger delay or timeout means nothing here, and past ~1e11 s it no longer
+# fits a gRPC Duration (a push-back would fail) or a thread wait (OverflowError).
+_SECONDS = number(
+    0, 86400, low_open=True, accepted="use a positive number of seconds, at most 86400 (a day)"
+)
 _COUNT = number(1, integer=True, accepted="use a whole number, 1 or more")
 _BYTES = number(
     1024, _GRPC_MAX_BYTES, integer=True, accepted="use a whole number of bytes, 1024 or more"
