@@ -49,6 +49,9 @@ def _config(argv: list[str], env: dict[str, str] | None = None) -> ProcessorConf
         ([], {"OTEL_GPU_PROCESSOR_FORWARD": "a:1, https://b"},
          "OTEL_GPU_PROCESSOR_FORWARD=' https://b': use HOST:PORT, http://HOST:PORT"),
         (["--forward", "a:0"], {}, "--forward='a:0': use HOST:PORT, http://HOST:PORT or https"),
+        # A credential in the URL is not echoed (stderr is the pod's log).
+        ([], {"OTEL_GPU_PROCESSOR_FORWARD": "http://user:s3cr3t@otelcol:4317"},
+         "OTEL_GPU_PROCESSOR_FORWARD='http://***@otelcol:4317': use HOST:PORT, http://HOST:PORT"),
         (["--forward", ""], {}, "--forward='': use HOST:PORT, http://HOST:PORT or https"),
         ([], {"OTEL_GPU_PROCESSOR_FORWARD": ","},
          "OTEL_GPU_PROCESSOR_FORWARD=',': use HOST:PORT, http://HOST:PORT or https"),

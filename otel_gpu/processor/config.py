@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_gpu.errors import UsageError
+from otel_gpu.redact import redact_text
 from otel_gpu.settings import Parser, Setting, number, refuse, resolve, text
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0-9])?$")
@@ -88,7 +89,7 @@ class Downstream:
         if split is None or split[1] == 0:
             refuse(
                 source,
-                value,
+                redact_text(value),  # http://user:password@host:port: never echoed as given
                 "use HOST:PORT, http://HOST:PORT or https://HOST:PORT (TLS) with a port from 1 "
                 "to 65535, e.g. otelcol:4317",
             )
