@@ -73,6 +73,13 @@ def _config(argv: list[str], env: dict[str, str] | None = None) -> ProcessorConf
          "--memory-limit-mib='10': use 0 (off) or a whole number of MiB, 64 or more"),
         (["--queue-dir-mib", "0"], {}, "--queue-dir-mib='0': use a whole number of MiB, 1 or"),
         (["--max-recv-mib", "4096"], {}, "--max-recv-mib='4096': use a size in MiB from 0.001"),
+        # Two of its servers on one port: refused before either binds, naming both.
+        (["--listen", "127.0.0.1:9465", "--prometheus", "0.0.0.0:9465"], {},
+         "--prometheus='0.0.0.0:9465': the port of --listen (127.0.0.1:9465); give each server"),
+        (["--health", "[::1]:8080"], {"OTEL_GPU_PROCESSOR_PROMETHEUS": "[::1]:8080"},
+         "OTEL_GPU_PROCESSOR_PROMETHEUS='[::1]:8080': the port of --health ([::1]:8080); give"),
+        ([], {"OTEL_GPU_PROCESSOR_HEALTH": "127.0.0.1:4317"},
+         "OTEL_GPU_PROCESSOR_HEALTH='127.0.0.1:4317': the port of --listen (127.0.0.1:4317)"),
         # Paths: empty, or a PEM file that cannot be read.
         (["--state", " "], {}, "--state=' ': give a value, or unset it"),
         (["--queue-dir", ""], {}, "--queue-dir='': give a value, or unset it"),

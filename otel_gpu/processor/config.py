@@ -305,6 +305,33 @@ def _check_tls_pair(
     )
 
 
+_ANY_HOST = frozenset({"0.0.0.0", "::", ""})
+_SERVED = ("listen", "health", "prometheus")  # the addresses the processor binds
+
+
+def _check_distinct_ports(config: ProcessorConfig) -> None:
+    """Two of the processor's servers on one port are refused before any binds (else the first
+    serves, and the second fails naming only itself)."""
+    seen: list[tuple[str, str, int]] = []
+    for name in _SERVED:
+        address = getattr(config, name)
+        if not address:
+            continue
+        split = _split_hostport(str(address).strip())
+        if split is None or split[1] == 0:
+            continue  # a bad address is refused by its parser; port 0 picks a free one
+        host, port = split
+        for other, other_host, other_port in seen:
+            if port == other_port and (host == other_host or {host, other_host} & _ANY_HOST):
+                refuse(
+                    config.source(name),
+                    address,
+                    f"the port of {config.source(other)} ({getattr(config, other)}); give each "
+                    "server its own port",
+                )
+        seen.append((name, host, port))
+
+
 @dataclass(frozen=True)
 class ProcessorConfig:
     """Processor settings. Times are seconds; sizes are counts unless named ``_bytes``.
@@ -365,7 +392,9 @@ class ProcessorConfig:
         values, origin = resolve(DECLARED, env=os.environ if env is None else env, args=explicit)
         both = {n: f"{_BY_NAME[n].flag} or {_BY_NAME[n].env}" for n in ("tls_cert", "tls_key")}
         _check_tls_pair(values, origin, both)
-        return cls(**values, sources=origin)
+        config = cls(**values, sources=origin)
+        _check_distinct_ports(config)
+        return config
 
     def source(self, name: str) -> str:
         """The flag or variable the field ``name`` came from (its flag when not resolved)."""
