@@ -8,6 +8,7 @@ flush and shutdown here runs on a helper thread that is abandoned after ``timeou
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -104,6 +105,10 @@ def shown_endpoint(endpoint: str | None) -> str:
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
 
 
+SCRAPE_WORKERS = 8  # scrapes served at once (Prometheus replicas, a curl); more are closed
+SCRAPE_TIMEOUT_S = 5.0  # per socket read or write: a client that stalls is dropped
+
+
 class ScrapeEndpoint(PrometheusMetricReader):
     """``GET /metrics`` for Prometheus, served by the OpenTelemetry Prometheus exporter.
 
@@ -124,18 +129,32 @@ class ScrapeEndpoint(PrometheusMetricReader):
     ) -> None:
         """Serve on ``host:port``; a failure to bind is a UsageError naming ``setting`` (what
         the user set) and ``fix``. ``reader_options`` go to PrometheusMetricReader."""
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.exposition import MetricsHandler
+
+        from otel_gpu.health import BoundedServer
 
         registry = CollectorRegistry(auto_describe=True)
         super().__init__(registry=registry, **reader_options)
+        # Not prometheus_client's start_http_server: it gives every connection a thread with no
+        # timeout, so idle or slow clients pile up threads in the agent (or the job's process).
+        handler = type(
+            "ScrapeHandler", (MetricsHandler.factory(registry),), {"timeout": SCRAPE_TIMEOUT_S}
+        )
         try:
-            self._server, _thread = start_http_server(port, addr=host, registry=registry)
+            self._server = BoundedServer((host, port), handler, SCRAPE_WORKERS)
         except OSError as exc:  # port taken, address not on this host, unknown host name
+            # ``fix`` is about the port; a host that is not this machine's needs another one.
+            taken = exc.errno in (errno.EADDRINUSE, errno.EACCES)
             raise UsageError(
                 f"cannot serve Prometheus metrics on {host}:{port} "
-                f"({setting}): {exc.strerror or exc}; {fix}"
+                f"({setting}): {exc.strerror or exc}; "
+                f"{fix if taken else 'give an address of this host, e.g. 127.0.0.1 or 0.0.0.0'}"
             ) from None
         self.address = (host, self._server.server_port)
+        threading.Thread(
+            target=self._server.serve_forever, name="otel-gpu-prometheus", daemon=True
+        ).start()
         log.info("serving Prometheus metrics at http://%s:%d/metrics", *self.address)
 
     @classmethod
@@ -253,21 +272,45 @@ _PYTHON = re.compile(r"^python[0-9.]*$")
 def program_name(command: Sequence[str]) -> str:
     """The name of the program a command runs, past launchers and the interpreter: the script's
     stem (``train`` for ``python train.py``), the module (``python -m swift.cli.sft``) or the
-    program itself (``swift``, ``torchrun``)."""
+    program itself (``swift``, ``torchrun``; ``python`` for ``python -c CODE``: code is no name,
+    and may hold anything)."""
     words = list(command)
-    while words:
-        name = os.path.basename(words[0])
-        if name in _LAUNCHERS or "=" in name:  # env's NAME=value words too
-            words.pop(0)
+    while words and (os.path.basename(words[0]) in _LAUNCHERS or "=" in words[0]):
+        words.pop(0)  # a launcher, or one of env's NAME=value words
+        while words and words[0].startswith("-"):
+            words.pop(0)  # the launcher's own flags (time -p, env -i)
+    if not words:
+        return ""
+    name = os.path.basename(words[0])
+    if _PYTHON.match(name):
+        return _python_target(name, words[1:])
+    return name.removesuffix(".py") or name
+
+
+# The interpreter's options whose value follows, in the same word (-Wignore) or the next.
+_PYTHON_VALUE_OPTIONS = "cmWX"
+
+
+def _python_target(interpreter: str, args: Sequence[str]) -> str:
+    """What ``interpreter args`` runs: the script's stem, the ``-m`` module, else (``-c``,
+    standard input, nothing) the interpreter's own name."""
+    i = 0
+    while i < len(args) and args[i].startswith("-") and args[i] != "-":
+        word = args[i]
+        i += 1
+        if word.startswith("--"):  # --version and the like: no value
             continue
-        if _PYTHON.match(name):
-            words.pop(0)
-            while words and words[0].startswith("-") and words[0] != "-m":
-                words.pop(0)  # interpreter options such as -u, -O
-            if words[:1] == ["-m"] and len(words) > 1:
-                return words[1]
-            if not words:
-                return name
-            continue
-        return name.removesuffix(".py") or name
-    return ""
+        for at, letter in enumerate(word[1:], start=2):
+            if letter in _PYTHON_VALUE_OPTIONS:
+                value = word[at:]
+                if not value and i < len(args):
+                    value, i = args[i], i + 1
+                if letter == "m":
+                    return value or interpreter
+                if letter == "c":
+                    return interpreter
+                break  # -W / -X: their value is no program
+    if i == len(args) or args[i] == "-":
+        return interpreter
+    script = os.path.basename(args[i])
+    return script.removesuffix(".py") or script

@@ -69,13 +69,22 @@ class LateCheck:
         return (True, self._before) if check is None else check()
 
 
-class _BoundedServer(ThreadingHTTPServer):
+class BoundedServer(ThreadingHTTPServer):
+    """An HTTP server with at most ``max_workers`` connections served at once (a thread each);
+    one beyond that is closed at once. Give the handler a ``timeout`` so that a connection that
+    sends nothing cannot hold its thread. Also serves the agent's ``/metrics``."""
+
     daemon_threads = True
     block_on_close = False
     request_queue_size = 128  # the listen backlog: a burst of probes is not left to SYN retries
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
-        self._slots = threading.BoundedSemaphore(MAX_WORKERS)
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        max_workers: int = MAX_WORKERS,
+    ) -> None:
+        self._slots = threading.BoundedSemaphore(max_workers)
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.address_family = family
         super().__init__(address, handler)
@@ -133,7 +142,7 @@ class HealthServer:
                 pass  # probes every few seconds would flood the log
 
         try:
-            self._server = _BoundedServer((host, port), Handler)
+            self._server = BoundedServer((host, port), Handler)
         except OSError as e:
             raise UsageError(f"{flag} {address}: cannot listen there ({e.strerror})") from None
         bound = self._server.server_address

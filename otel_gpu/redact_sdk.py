@@ -18,6 +18,7 @@ from otel_gpu.redact import (
     COMMAND_OFF,
     COMMAND_REDACTED,
     MASK,
+    is_secret_name,
     program,
     redact_args,
     redact_text,
@@ -33,8 +34,9 @@ COMMAND = "process.command"
 
 def redact_resource(resource: Resource, mode: str = COMMAND_REDACTED) -> Resource:
     """``resource`` with its command attributes shaped by ``OTEL_GPU_PROCESS_COMMAND``
-    (``mode``) and credentials masked in every other string value
-    (``OTEL_RESOURCE_ATTRIBUTES`` is user input too)."""
+    (``mode``), the value of a key that names a credential (``db.password``) masked, and
+    credentials masked in every other string value (``OTEL_RESOURCE_ATTRIBUTES`` is user input
+    too)."""
     attrs: dict[str, Any] = {}
     for key, value in resource.attributes.items():
         if key == COMMAND_LINE and isinstance(value, str):
@@ -47,6 +49,8 @@ def redact_resource(resource: Resource, mode: str = COMMAND_REDACTED) -> Resourc
                 attrs[key] = redact_args([str(v) for v in value])
         elif key == COMMAND and mode == COMMAND_OFF:
             continue
+        elif is_secret_name(key):  # db.password=..., api.token=...: whatever the value looks like
+            attrs[key] = MASK
         else:
             attrs[key] = redact_value(value)
     return Resource(attrs, resource.schema_url)

@@ -125,6 +125,14 @@ def test_the_job_is_given_the_wrappers_service_name_unless_it_has_the_same(
         (["swift", "sft", "--model", "m"], "swift"),
         (["/usr/bin/torchrun", "--nproc-per-node", "2", "train.py"], "torchrun"),
         (["python3"], "python3"),  # nothing past the interpreter: its own name
+        (["python", "-W", "ignore", "train.py"], "train"),  # an option's value is no script
+        (["python3", "-X", "importtime", "-Wignore", "train.py"], "train"),
+        (["python", "-um", "swift.cli.sft"], "swift.cli.sft"),
+        (["python", "-msweep"], "sweep"),
+        (["python", "-c", "import os; T='s3cr3t'"], "python"),  # code is no name (nor shown)
+        (["python", "-c", "print(1)"], "python"),
+        (["time", "-p", "python", "train.py"], "train"),  # a launcher's own flags
+        (["env", "-i", "RANK=0", "python", "train.py"], "train"),
         ([], "otel-gpu"),
     ],
 )
@@ -252,3 +260,27 @@ def test_a_user_given_id_is_kept_by_the_wrapper_and_the_trainer(
     assert {r["service.namespace"] for entries in found.values() for r, _ in entries} == {"ml-team"}
     if flag:  # --service-name names the trainer's service too
         assert {r["service.name"] for entries in found.values() for r, _ in entries} == {"sft"}
+
+
+# An instrumented trainer without the wrapper starts a child (a launcher's rank, a helper).
+PARENT = """
+import os, subprocess, sys
+from opentelemetry import trace
+print(trace.get_tracer_provider().resource.attributes["service.instance.id"])
+subprocess.run([sys.executable, "-c", "import os; print(os.environ['OTEL_RESOURCE_ATTRIBUTES'])"])
+"""
+
+
+def test_an_instrumented_process_hands_its_id_to_the_processes_it_starts(tmp_path: Path) -> None:
+    with OtlpSink() as sink:
+        res = subprocess.run(
+            [INSTRUMENT, sys.executable, "-c", PARENT], capture_output=True, text=True,
+            timeout=120, cwd=tmp_path,
+            env=_env(OTEL_EXPORTER_OTLP_ENDPOINT=sink.endpoint, OTEL_EXPORTER_OTLP_INSECURE="true",
+                     OTEL_GPU_LOCK_DIR=str(tmp_path), OTEL_RESOURCE_ATTRIBUTES="team=ml",
+                     PYTHONPATH=str(ROOT)),
+        )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    parent_id, child_env = res.stdout.splitlines()
+    assert uuid.UUID(parent_id).version == 4
+    assert child_env == f"team=ml,{ID}={parent_id}"

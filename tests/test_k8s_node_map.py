@@ -1,22 +1,26 @@
 """The pure GPU/process -> pod pairing (otel_gpu/k8s/node_map.py) and the /var/log/pods reader,
-driven by tables: the cases the end-to-end tests (test_k8s_series.py) do not build."""
+driven by tables: the cases the end-to-end tests (test_k8s_series.py) do not build; the
+attribution's cgroup cache under PID reuse."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from otel_gpu.k8s.attribution import NodeAttribution
 from otel_gpu.k8s.node_map import map_node
 from otel_gpu.k8s.podlogs import PodDir, parse_pod_dir, read_pod_logs
 from otel_gpu.k8s.podresources import Allocation
-from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, Snapshot
+from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, ProcessSample, Snapshot
 
 GPU_A, GPU_B = (
     "GPU-aaaaaaaa-0000-4000-8000-000000000000",
     "GPU-bbbbbbbb-0000-4000-8000-000000000000",
 )
 UID_1, UID_2 = "11111111-2222-4333-8444-555555555555", "66666666-7777-4888-9999-000000000000"
+UID_3 = "33333333-4444-4555-8666-777777777777"
 
 
 @pytest.mark.parametrize(
@@ -75,6 +79,14 @@ PODS = {UID_1: PodDir("ns", "a", UID_1, ("main",)), UID_2: PodDir("ns", "b", UID
         ([_alloc(GPU_A, "c")], PODS,
          {"k8s.namespace.name": "ns", "k8s.pod.name": "c", "k8s.container.name": "main"},
          {"k8s.namespace.name": "ns", "k8s.pod.name": "a", "k8s.pod.uid": UID_1, "k8s.container.name": "main"}),
+        # Pod "a" replaced under the same name, the old one's folder not yet removed: the UID
+        # is the one whose processes use the GPU, whichever folder is listed first.
+        ([_alloc(GPU_A, "a")], {UID_1: PODS[UID_1], UID_3: PodDir("ns", "a", UID_3, ("main",))},
+         {"k8s.namespace.name": "ns", "k8s.pod.name": "a", "k8s.pod.uid": UID_1, "k8s.container.name": "main"},
+         {"k8s.namespace.name": "ns", "k8s.pod.name": "a", "k8s.pod.uid": UID_1, "k8s.container.name": "main"}),
+        ([_alloc(GPU_A, "a")], {UID_3: PodDir("ns", "a", UID_3, ("main",)), UID_1: PODS[UID_1]},
+         {"k8s.namespace.name": "ns", "k8s.pod.name": "a", "k8s.pod.uid": UID_1, "k8s.container.name": "main"},
+         {"k8s.namespace.name": "ns", "k8s.pod.name": "a", "k8s.pod.uid": UID_1, "k8s.container.name": "main"}),
     ],
 )  # fmt: skip
 def test_pairing(
@@ -96,3 +108,37 @@ def test_an_empty_pod_log_folder_calls_no_process_gone() -> None:
     assert [(a["process.pid"], a["otel_gpu.orphan.reason"]) for _, a in gone.orphaned] == [
         (20, "pod_gone")
     ]
+
+
+@pytest.mark.parametrize("old_first", [True, False])
+def test_a_replaced_pods_allocation_row_names_the_running_pods_uid(old_first: bool) -> None:
+    old, new = PodDir("ns", "a", UID_3, ("main",)), PODS[UID_1]
+    pods = {UID_3: old, UID_1: new} if old_first else {UID_1: new, UID_3: old}
+    found = map_node(SNAP, [_alloc(GPU_A, "a")], IDS, pods)
+    assert [a["k8s.pod.uid"] for _, a in found.allocated] == [UID_1]
+
+
+def _cgroup_of(uid: str) -> str:
+    return f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-containerd-{'c' * 64}.scope\n"
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        # In the watched tree: a new start time is a new process, read again.
+        (ProcessSample(10, start_ticks=100), ProcessSample(10, start_ticks=900)),
+        # On a GPU only (no start time known): read at every refresh, never trusted from before.
+        (None, None),
+    ],
+)
+def test_a_reused_pid_is_attributed_to_its_new_pod(
+    tmp_path: Path, before: ProcessSample | None, after: ProcessSample | None
+) -> None:
+    (tmp_path / "10").mkdir()
+    snap = Snapshot(time=0.0, gpus=SNAP.gpus, gpu_processes=(GpuProcessSample(10, GPU_A, 1),))
+    node = NodeAttribution(lambda: snap, str(tmp_path / "no-kubelet.sock"), proc_root=str(tmp_path))
+    for uid, process in ((UID_1, before), (UID_2, after)):
+        (tmp_path / "10" / "cgroup").write_text(_cgroup_of(uid))
+        snap = replace(snap, processes=(process,) if process else ())
+        assert node.refresh()
+        assert dict(node.series_labels().process[10])["k8s.pod.uid"] == uid

@@ -24,6 +24,7 @@ import pytest
 from prometheus_peer import ROOT, Prometheus, free_port
 from test_processor_peers import call, leak_requests
 
+from otel_gpu.errors import UsageError
 from otel_gpu.processor import outputs
 from otel_gpu.processor.scrape import DETECTOR, ProcessorScrape
 from otel_gpu.processor.wire import METRICS_EXPORT
@@ -213,3 +214,13 @@ def test_a_taken_port_is_one_line_and_exit_2_before_serving(
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
     assert named.format(port=port) in lines[0] and "Address already in use" in lines[0]
     assert "listening" not in res.stderr  # the gRPC port was never served
+
+
+@pytest.mark.parametrize("host", ["192.0.2.1", "no-such-host.invalid"])
+def test_an_address_not_of_this_host_is_named_with_its_fix(host: str) -> None:
+    """Not "a free port": the port is not what is wrong."""
+    with pytest.raises(UsageError) as refused:
+        ProcessorScrape(f"{host}:9465", "OTEL_GPU_PROCESSOR_PROMETHEUS")
+    message = str(refused.value)
+    assert f"OTEL_GPU_PROCESSOR_PROMETHEUS={host}:9465" in message
+    assert "give an address of this host" in message and "free port" not in message

@@ -49,12 +49,20 @@ def _config(argv: list[str], env: dict[str, str] | None = None) -> ProcessorConf
         ([], {"OTEL_GPU_PROCESSOR_FORWARD": "a:1, https://b"},
          "OTEL_GPU_PROCESSOR_FORWARD=' https://b': use HOST:PORT, http://HOST:PORT"),
         (["--forward", "a:0"], {}, "--forward='a:0': use HOST:PORT, http://HOST:PORT or https"),
+        # A credential in the URL is not echoed (stderr is the pod's log).
+        ([], {"OTEL_GPU_PROCESSOR_FORWARD": "http://user:s3cr3t@otelcol:4317"},
+         "OTEL_GPU_PROCESSOR_FORWARD='http://***@otelcol:4317': use HOST:PORT, http://HOST:PORT"),
         (["--forward", ""], {}, "--forward='': use HOST:PORT, http://HOST:PORT or https"),
         ([], {"OTEL_GPU_PROCESSOR_FORWARD": ","},
          "OTEL_GPU_PROCESSOR_FORWARD=',': use HOST:PORT, http://HOST:PORT or https"),
         # Numbers and their bounds (flag-only settings).
         (["--export-interval", "0"], {}, "--export-interval='0': use a positive number of sec"),
         (["--stall-after", "inf"], {}, "--stall-after='inf': use a positive number of seconds"),
+        # Bounded: past ~1e11 s a retry delay no longer fits a gRPC Duration (every push-back
+        # failed) and a flush timeout no longer fits a thread wait.
+        (["--retry-after", "1e308"], {},
+         "--retry-after='1e308': use a positive number of seconds, at most 86400 (a day)"),
+        (["--flush-timeout", "1e12"], {}, "--flush-timeout='1e12': use a positive number of sec"),
         (["--max-series", "2.5"], {}, "--max-series='2.5': use a whole number, 1 or more"),
         (["--max-inflight", "0"], {}, "--max-inflight='0': use a whole number, 1 or more"),
         (["--max-requests-per-s", "nan"], {},
@@ -65,6 +73,13 @@ def _config(argv: list[str], env: dict[str, str] | None = None) -> ProcessorConf
          "--memory-limit-mib='10': use 0 (off) or a whole number of MiB, 64 or more"),
         (["--queue-dir-mib", "0"], {}, "--queue-dir-mib='0': use a whole number of MiB, 1 or"),
         (["--max-recv-mib", "4096"], {}, "--max-recv-mib='4096': use a size in MiB from 0.001"),
+        # Two of its servers on one port: refused before either binds, naming both.
+        (["--listen", "127.0.0.1:9465", "--prometheus", "0.0.0.0:9465"], {},
+         "--prometheus='0.0.0.0:9465': the port of --listen (127.0.0.1:9465); give each server"),
+        (["--health", "[::1]:8080"], {"OTEL_GPU_PROCESSOR_PROMETHEUS": "[::1]:8080"},
+         "OTEL_GPU_PROCESSOR_PROMETHEUS='[::1]:8080': the port of --health ([::1]:8080); give"),
+        ([], {"OTEL_GPU_PROCESSOR_HEALTH": "127.0.0.1:4317"},
+         "OTEL_GPU_PROCESSOR_HEALTH='127.0.0.1:4317': the port of --listen (127.0.0.1:4317)"),
         # Paths: empty, or a PEM file that cannot be read.
         (["--state", " "], {}, "--state=' ': give a value, or unset it"),
         (["--queue-dir", ""], {}, "--queue-dir='': give a value, or unset it"),

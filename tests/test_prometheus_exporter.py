@@ -4,6 +4,7 @@ mistakes in either are one line naming the setting, exit code 2."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -166,3 +167,37 @@ def test_watch_serves_the_attached_jobs_metrics(tmp_path) -> None:
             if watcher.poll() is None:
                 watcher.kill()
                 watcher.wait(5)
+
+
+def test_idle_connections_do_not_pile_up_threads_and_scrapes_resume() -> None:
+    """prometheus_client's own server gave each of these a thread, held for ever."""
+    import threading
+
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from otel_gpu.export import SCRAPE_WORKERS
+
+    endpoint = ScrapeEndpoint("127.0.0.1", 0)
+    provider = MeterProvider(metric_readers=[endpoint], shutdown_on_exit=False)
+    provider.get_meter("t").create_counter("probe").add(1)
+    url = f"http://127.0.0.1:{endpoint.address[1]}/metrics"
+    before = threading.active_count()
+    idle = [socket.create_connection(endpoint.address) for _ in range(100)]
+    try:
+        for s in idle:
+            s.sendall(b"GET /metr")  # and nothing more
+        time.sleep(0.5)
+        assert threading.active_count() <= before + SCRAPE_WORKERS
+        deadline = time.monotonic() + 30  # the idle ones are dropped after their timeout
+        while True:
+            try:
+                body = urllib.request.urlopen(url, timeout=5).read().decode()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "no scrape answered after the idle ones"
+                time.sleep(0.5)
+        assert re.search(r"^probe_total\{.*\} 1.0$", body, re.M), body
+    finally:
+        for s in idle:
+            s.close()
+        provider.shutdown()

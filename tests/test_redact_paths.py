@@ -107,12 +107,15 @@ def test_process_command_of_a_real_child_in_each_mode(
 
 def test_console_exporter_shows_no_credential(script: Path, tmp_path: Path) -> None:
     """``otel-gpu run --exporter console``: the job's process.command and the resource (a
-    process.command_line given in OTEL_RESOURCE_ATTRIBUTES) are printed redacted."""
+    process.command_line and a password given in OTEL_RESOURCE_ATTRIBUTES) are printed
+    redacted."""
     line = "python train.py --token=" + GHP
     env = offline_env(
         T="2.5",
         OTEL_GPU_LOCK_DIR=str(tmp_path),
-        OTEL_RESOURCE_ATTRIBUTES=f"process.command_line={line},deployment.environment=dev",
+        # A credential under a key that names one, in a value that does not look like one.
+        OTEL_RESOURCE_ATTRIBUTES=f"process.command_line={line},deployment.environment=dev,"
+        f"db.password={PASSWORD}",
     )
     res = subprocess.run(
         [

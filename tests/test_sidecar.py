@@ -218,6 +218,8 @@ def test_sidecar_in_a_pid_namespace(pod: tuple[Pod, OtlpSink, FakeNvml]) -> None
         ([], {"OTEL_GPU_SERVER_METRICS": "localhost:8000"},
          "otel-gpu: error: OTEL_GPU_SERVER_METRICS=localhost:8000: use the server's Prometheus URL, e.g. http://127.0.0.1:8000/metrics"),
         (["--match", " "], {}, "otel-gpu: error: --match needs a process name, e.g. --match vllm"),
+        (["--pod-logs", "/mnt/pods"], {},
+         "otel-gpu: error: --pod-logs /mnt/pods: the pod log folders only name the pods of the node's GPUs with --pod-resources; add --pod-resources SOCKET or drop --pod-logs"),
         ([], {"OTEL_GPU_READY_STALL": "0"},
          "otel-gpu: error: OTEL_GPU_READY_STALL='0': use a number of seconds from 1 to 86400"),
         ([], {"OTEL_GPU_READY_XIDS": "79;48"},

@@ -68,9 +68,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--pod-logs",
         metavar="DIR",
-        default=DEFAULT_POD_LOGS,
         help="with --pod-resources: the node's pod log folders, which name each pod by its UID "
-        "and tell which pods the node still runs (default: %(default)s)",
+        f"and tell which pods the node still runs (default: {DEFAULT_POD_LOGS})",
     )
     add_agent_options(parser)
     add_output_options(parser)
@@ -86,6 +85,11 @@ def sidecar_settings(args: argparse.Namespace, env: dict[str, str]) -> Settings:
 def sidecar(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     settings = sidecar_settings(args, env)
+    if args.pod_logs is not None and not args.pod_resources:  # else silently unused
+        raise UsageError(
+            f"--pod-logs {args.pod_logs}: the pod log folders only name the pods of the node's "
+            "GPUs with --pod-resources; add --pod-resources SOCKET or drop --pod-logs"
+        )
     setup_logging(args.verbose)
     from otel_gpu.detect.breaker import BreakerConfig
     from otel_gpu.inference.readiness import Readiness, ReadinessConfig
@@ -150,7 +154,7 @@ def _watch(
             lambda: agent.sampler.fresh(),  # bound below, before the attribution starts
             args.pod_resources,
             proc_root=settings.proc_root,
-            pod_logs=args.pod_logs,
+            pod_logs=args.pod_logs or DEFAULT_POD_LOGS,
             period_s=max(settings.interval_s, 10.0),
         )
     if visible is None:

@@ -15,7 +15,7 @@ carries that container's ``k8s.*``; every process series its own pod's), the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,10 +79,23 @@ def map_node(
     on_device: dict[str, list[int]] = {}
     for gp in snap.gpu_processes:
         on_device.setdefault(gp.gpu_uuid, []).append(local.get(gp.pid, gp.pid))
-    names = {(p.namespace, p.name): p.uid for p in (pods or {}).values()}
+    # A pod replaced under the same name (a StatefulSet's) has two folders until the kubelet
+    # removes the old one: the name then gives several UIDs.
+    by_name: dict[tuple[str, str], set[str]] = {}
+    for p in (pods or {}).values():
+        by_name.setdefault((p.namespace, p.name), set()).add(p.uid)
 
     def uids_on(uuid: str) -> str | None:
         return _agreed(identities.get(pid, {}).get(POD_UID) for pid in on_device.get(uuid, ()))
+
+    def uid_named(namespace: str, pod: str, uuid: str) -> str | None:
+        """The UID of the pod the kubelet names as holding ``uuid``: the logs' one, else (a
+        replaced pod) the one of those whose processes use the device."""
+        found = by_name.get((namespace, pod), set())
+        if len(found) == 1:
+            return next(iter(found))
+        on = uids_on(uuid)
+        return on if on in found else None
 
     # Device -> the one container holding it (a GPU shared by several containers: none).
     holders: dict[str, set[tuple[str, str, str]]] = {}
@@ -95,7 +108,7 @@ def map_node(
         if len(held_by) == 1:
             namespace, pod, container = next(iter(held_by))
             # The pod logs name the UID; without them, the processes on the device do.
-            uid = names.get((namespace, pod)) if pods else uids_on(uuid)
+            uid = uid_named(namespace, pod, uuid) if pods else uids_on(uuid)
             owners[uuid] = PodRef(namespace, pod, container, uid)
     if allocations is None:  # no kubelet: the one pod whose processes use the device
         for uuid in on_device:
@@ -139,7 +152,7 @@ def map_node(
 
     return NodeMap(
         SeriesLabels(gpu_labels, process_labels),
-        _allocated(snap, allocations, holders, owners, names, identities, on_device),
+        _allocated(snap, allocations, holders, owners, uid_named, identities, on_device),
         _orphaned(snap, allocations, holders, identities, pods),
     )
 
@@ -155,7 +168,7 @@ def _allocated(
     allocations: list[Allocation] | None,
     holders: Mapping[str, set[tuple[str, str, str]]],
     owners: Mapping[str, PodRef],
-    names: Mapping[tuple[str, str], str],
+    uid_named: Callable[[str, str, str], str | None],
     identities: Mapping[int, Identity],
     on_device: Mapping[str, list[int]],
 ) -> list[Row]:
@@ -172,7 +185,7 @@ def _allocated(
                 "k8s.container.name": a.container,
                 "otel_gpu.gpu.in_use": uuid in used,
             }
-            uid = names.get((a.namespace, a.pod)) or (
+            uid = uid_named(a.namespace, a.pod, uuid) or (
                 owners[uuid].uid if len(holders[uuid]) == 1 else None
             )
             if uid:

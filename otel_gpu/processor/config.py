@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_gpu.errors import UsageError
+from otel_gpu.redact import redact_text
 from otel_gpu.settings import Parser, Setting, number, refuse, resolve, text
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0-9])?$")
@@ -88,7 +89,7 @@ class Downstream:
         if split is None or split[1] == 0:
             refuse(
                 source,
-                value,
+                redact_text(value),  # http://user:password@host:port: never echoed as given
                 "use HOST:PORT, http://HOST:PORT or https://HOST:PORT (TLS) with a port from 1 "
                 "to 65535, e.g. otelcol:4317",
             )
@@ -150,7 +151,11 @@ def _in_bytes(parse: Parser) -> Parser:
     return lambda raw, source: int(parse(raw, source) * _MIB)
 
 
-_SECONDS = number(0, low_open=True, accepted="use a positive number of seconds")
+# At most a day: a larger delay or timeout means nothing here, and past ~1e11 s it no longer
+# fits a gRPC Duration (a push-back would fail) or a thread wait (OverflowError).
+_SECONDS = number(
+    0, 86400, low_open=True, accepted="use a positive number of seconds, at most 86400 (a day)"
+)
 _COUNT = number(1, integer=True, accepted="use a whole number, 1 or more")
 _BYTES = number(
     1024, _GRPC_MAX_BYTES, integer=True, accepted="use a whole number of bytes, 1024 or more"
@@ -300,6 +305,33 @@ def _check_tls_pair(
     )
 
 
+_ANY_HOST = frozenset({"0.0.0.0", "::", ""})
+_SERVED = ("listen", "health", "prometheus")  # the addresses the processor binds
+
+
+def _check_distinct_ports(config: ProcessorConfig) -> None:
+    """Two of the processor's servers on one port are refused before any binds (else the first
+    serves, and the second fails naming only itself)."""
+    seen: list[tuple[str, str, int]] = []
+    for name in _SERVED:
+        address = getattr(config, name)
+        if not address:
+            continue
+        split = _split_hostport(str(address).strip())
+        if split is None or split[1] == 0:
+            continue  # a bad address is refused by its parser; port 0 picks a free one
+        host, port = split
+        for other, other_host, other_port in seen:
+            if port == other_port and (host == other_host or {host, other_host} & _ANY_HOST):
+                refuse(
+                    config.source(name),
+                    address,
+                    f"the port of {config.source(other)} ({getattr(config, other)}); give each "
+                    "server its own port",
+                )
+        seen.append((name, host, port))
+
+
 @dataclass(frozen=True)
 class ProcessorConfig:
     """Processor settings. Times are seconds; sizes are counts unless named ``_bytes``.
@@ -360,7 +392,9 @@ class ProcessorConfig:
         values, origin = resolve(DECLARED, env=os.environ if env is None else env, args=explicit)
         both = {n: f"{_BY_NAME[n].flag} or {_BY_NAME[n].env}" for n in ("tls_cert", "tls_key")}
         _check_tls_pair(values, origin, both)
-        return cls(**values, sources=origin)
+        config = cls(**values, sources=origin)
+        _check_distinct_ports(config)
+        return config
 
     def source(self, name: str) -> str:
         """The flag or variable the field ``name`` came from (its flag when not resolved)."""
