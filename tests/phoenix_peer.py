@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from peer_process import PeerProcess
 from prometheus_peer import free_port
 
 VERSION = "20.26.1"  # as pinned in tests/install-peers.sh
@@ -43,8 +42,7 @@ class Phoenix:
         self.http_port, self.grpc_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.http_port}"
         self.otlp_grpc = f"127.0.0.1:{self.grpc_port}"
-        folder.mkdir(parents=True, exist_ok=True)
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._server = PeerProcess("phoenix", folder)
 
     def __enter__(self) -> Phoenix:
         binary = HOME / "bin" / "phoenix"
@@ -59,36 +57,16 @@ class Phoenix:
             PHOENIX_TELEMETRY_ENABLED="false",
             PHOENIX_ALLOW_EXTERNAL_RESOURCES="false",
         )
-        self._log = open(self.folder / "phoenix.log", "wb")  # noqa: SIM115 - closed in __exit__
-        self._proc = subprocess.Popen(
-            [str(binary), "serve"], env=env, stdout=self._log, stderr=subprocess.STDOUT
+        self._server.start(
+            [str(binary), "serve"], f"{self.url}/healthz", startup_s=STARTUP_S, poll_s=0.5, env=env
         )
-        deadline = time.monotonic() + STARTUP_S
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                pytest.fail(f"phoenix exited: {self.log()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=2) as reply:
-                    if reply.status == 200:
-                        return self
-            except OSError:
-                pass
-            time.sleep(0.5)
-        self.__exit__()
-        pytest.fail(f"phoenix did not become ready within {STARTUP_S} s: {self.log()[-2000:]}")
+        return self
 
     def __exit__(self, *_exc: Any) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(5)
-        self._log.close()
+        self._server.stop()
 
     def log(self) -> str:
-        return (self.folder / "phoenix.log").read_text(errors="replace")
+        return self._server.log()
 
     def get(self, path: str, **params: str) -> Any:
         """``GET /v1/<path>`` as JSON (an HTTP error is raised with its body)."""

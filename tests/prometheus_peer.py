@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-import subprocess
 import time
 import urllib.parse
 import urllib.request
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from peer_process import PeerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,13 +43,11 @@ class Prometheus:
         self.folder = folder
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        folder.mkdir(parents=True, exist_ok=True)
+        self._server = PeerProcess("prometheus", folder)
         (folder / "prometheus.yml").write_text(config)
-        self._proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Prometheus:
-        self._log = open(self.folder / "prometheus.log", "wb")  # noqa: SIM115 - closed in __exit__
-        self._proc = subprocess.Popen(
+        self._server.start(
             [
                 binary("prometheus", "prometheus"),
                 f"--config.file={self.folder / 'prometheus.yml'}",
@@ -57,35 +55,17 @@ class Prometheus:
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--web.enable-remote-write-receiver",
             ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
+            f"{self.url}/-/ready",
+            startup_s=60,
+            poll_s=0.2,
         )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                pytest.fail(f"prometheus exited: {self.log()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as reply:
-                    if reply.status == 200:
-                        return self
-            except OSError:
-                pass
-            time.sleep(0.2)
-        self.__exit__()
-        pytest.fail(f"prometheus did not become ready: {self.log()[-2000:]}")
+        return self
 
     def __exit__(self, *_exc: Any) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(5)
-        self._log.close()
+        self._server.stop()
 
     def log(self) -> str:
-        return (self.folder / "prometheus.log").read_text(errors="replace")
+        return self._server.log()
 
     def api(self, path: str, **params: str) -> Any:
         """``GET /api/v1/<path>``; the ``data`` of a success, else the error body raised."""
