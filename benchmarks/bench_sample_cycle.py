@@ -131,8 +131,9 @@ def pod_labels(snap: Snapshot) -> SeriesLabels:
         )
         for n, g in enumerate(snap.gpus)
     }
+    started = {p.pid: p.start_ticks for p in snap.processes}
     procs = {
-        gp.pid: (*gpus[gp.gpu_uuid], ("container.id", f"{gp.pid:064x}"))
+        (gp.pid, started.get(gp.pid)): (*gpus[gp.gpu_uuid], ("container.id", f"{gp.pid:064x}"))
         for gp in snap.gpu_processes
     }
     return SeriesLabels(gpus, procs)

@@ -21,12 +21,14 @@ Extra = tuple[tuple[str, Any], ...]  # hashable: part of the attribute caches' k
 
 @dataclass(frozen=True, slots=True)
 class SeriesLabels:
-    """Extra attributes by GPU or MIG UUID (``hw.id``) and by process PID (the agent's PID).
+    """Extra attributes by GPU or MIG UUID (``hw.id``) and by process: its PID (the agent's
+    PID) with its start time (``ProcessSample.start_ticks``), so a PID reused before the next
+    refresh does not carry the previous process's pod.
 
     A GPU or process absent from the maps gets no extra attribute (never empty strings)."""
 
     gpu: Mapping[str, Extra] = field(default_factory=dict)
-    process: Mapping[int, Extra] = field(default_factory=dict)
+    process: Mapping[tuple[int, int | None], Extra] = field(default_factory=dict)
 
 
 NO_LABELS = SeriesLabels()

@@ -154,7 +154,7 @@ def _throttle_reader() -> Reader:
 def process_attrs(p: ProcessSample, hw_id: str | None = None) -> Attrs:
     """A process's point attributes (plus ``hw.id`` and the collection's labels of the
     process, otel_gpu/labels.py). Shared, cached dicts: do not mutate."""
-    labels = collecting.get().process.get(p.pid, ())
+    labels = collecting.get().process.get((p.pid, p.start_ticks), ())
     return _process_attrs(
         p.pid, p.vpid, p.parent_pid, p.executable_name, p.command, p.owner, hw_id, labels
     )

@@ -13,6 +13,8 @@ from otel_gpu.k8s.attribution import NodeAttribution
 from otel_gpu.k8s.node_map import map_node
 from otel_gpu.k8s.podlogs import PodDir, parse_pod_dir, read_pod_logs
 from otel_gpu.k8s.podresources import Allocation
+from otel_gpu.labels import collecting
+from otel_gpu.metrics import process_attrs
 from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, ProcessSample, Snapshot
 
 GPU_A, GPU_B = (
@@ -97,7 +99,7 @@ def test_pairing(
 ) -> None:
     found = map_node(SNAP, allocations, IDS, pods)
     assert dict(found.labels.gpu.get(GPU_A, ())) == gpu_a
-    assert dict(found.labels.process.get(10, ())) == pid_10
+    assert dict(found.labels.process.get((10, None), ())) == pid_10  # on a GPU only: no start
 
 
 def test_an_empty_pod_log_folder_calls_no_process_gone() -> None:
@@ -141,4 +143,20 @@ def test_a_reused_pid_is_attributed_to_its_new_pod(
         (tmp_path / "10" / "cgroup").write_text(_cgroup_of(uid))
         snap = replace(snap, processes=(process,) if process else ())
         assert node.refresh()
-        assert dict(node.series_labels().process[10])["k8s.pod.uid"] == uid
+        key = (10, process.start_ticks if process else None)
+        assert dict(node.series_labels().process[key])["k8s.pod.uid"] == uid
+
+
+def test_a_pid_reused_before_the_next_refresh_carries_no_old_pod() -> None:
+    """The labels name a process by PID and start time: until the attribution thread reads the
+    new process, a reused PID gets no k8s.* at all, never the previous process's pod."""
+    snap = replace(SNAP, processes=(ProcessSample(10, start_ticks=100),))
+    labels = map_node(snap, None, IDS, PODS).labels
+    token = collecting.set(labels)
+    try:
+        old = process_attrs(ProcessSample(10, start_ticks=100))
+        reused = process_attrs(ProcessSample(10, start_ticks=900))
+    finally:
+        collecting.reset(token)
+    assert old["k8s.pod.uid"] == UID_1 and old["k8s.pod.name"] == "a"
+    assert not any(key.startswith("k8s.") for key in reused)

@@ -142,13 +142,14 @@ def map_node(
             cid = _agreed(identities.get(pid, {}).get(CONTAINER_ID) for pid in on_device[uuid])
             owner = pod_of(owner.uid, cid)
         gpu_labels[uuid] = owner.attributes()
-    process_labels: dict[int, Extra] = {}
+    started = {p.pid: p.start_ticks for p in snap.processes}
+    process_labels: dict[tuple[int, int | None], Extra] = {}
     for pid, identity in identities.items():
         uid = identity.get(POD_UID)
         if uid is not None:
             cid = identity.get(CONTAINER_ID)
             tail = ((CONTAINER_ID, cid),) if cid else ()
-            process_labels[pid] = pod_of(uid, cid).attributes() + tail
+            process_labels[(pid, started.get(pid))] = pod_of(uid, cid).attributes() + tail
 
     return NodeMap(
         SeriesLabels(gpu_labels, process_labels),
