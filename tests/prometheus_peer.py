@@ -30,6 +30,21 @@ def binary(name: str, package: str) -> str:
     return path
 
 
+RULES = ROOT / "deploy" / "prometheus" / "otel-gpu-rules.yml"
+
+
+def processor_scrape_config(target: str) -> str:
+    """A Prometheus config that loads the project's alert rules and scrapes one processor
+    ``--prometheus`` endpoint (``HOST:PORT``) every second."""
+    return f"""
+global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+rule_files: ["{RULES}"]
+scrape_configs:
+  - job_name: otel-gpu-processor
+    static_configs: [{{targets: ["{target}"]}}]
+"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -31,28 +31,16 @@ from typing import Any
 import pytest
 from otlp_sink import OtlpSink
 from phoenix_peer import Phoenix
-from prometheus_peer import ROOT, Prometheus, free_port
+from prometheus_peer import ROOT, Prometheus, free_port, processor_scrape_config
 from test_deploy_rotel import _start, _stop, _wait_port
+from test_prometheus_stack import TRAINER
 
 from otel_gpu.detect.config import ENV_PREFIX, DetectConfig
 
 SPEED = 240.0
-RULES = ROOT / "deploy" / "prometheus" / "otel-gpu-rules.yml"
 SERVICE = "e2e-train"
 ALERT_WAIT_S = 240  # the processor's leak alert comes after 60-80 s on 2 loaded cores
-# A training loop with spans (train > step, evaluate every 40 steps), its own metrics over OTLP.
-TRAINER = """
-import time
-import otel_gpu
-
-with otel_gpu.phase("train"):
-    for n in range(1, 100_000):
-        otel_gpu.step(n, loss=1.0 / n)
-        time.sleep(0.1)
-        if n % 40 == 0:
-            with otel_gpu.phase("evaluate"):
-                time.sleep(0.5)
-"""
+# The training loop (train > step, evaluate every 40 steps) is test_prometheus_stack's TRAINER.
 
 
 def simulated_clock(speed: float) -> dict[str, str]:
@@ -99,13 +87,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "FAKE_NVML"))}
     env["PYTHONPATH"] = str(ROOT)  # this checkout's otel_gpu behind every `otel-gpu`
     front, processor, backend, scrape = (f"127.0.0.1:{free_port()}" for _ in range(4))
-    prom_config = f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-rule_files: ["{RULES}"]
-scrape_configs:
-  - job_name: otel-gpu-processor
-    static_configs: [{{targets: ["{scrape}"]}}]
-"""
+    prom_config = processor_scrape_config(scrape)
     with (
         Phoenix(tmp / "phoenix") as phoenix,
         OtlpSink() as sink,

@@ -21,15 +21,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_peer import ROOT, Prometheus, free_port
+from prometheus_peer import ROOT, Prometheus, free_port, processor_scrape_config
 from test_processor_peers import call, leak_requests
 
 from otel_gpu.errors import UsageError
 from otel_gpu.processor import outputs
 from otel_gpu.processor.scrape import DETECTOR, ProcessorScrape
 from otel_gpu.processor.wire import METRICS_EXPORT
-
-RULES = ROOT / "deploy" / "prometheus" / "otel-gpu-rules.yml"
 
 
 def _env() -> dict[str, str]:
@@ -66,13 +64,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
          "--telemetry-interval", "1"],
         env=_env(), stdout=subprocess.DEVNULL, stderr=open(log, "wb"),  # noqa: SIM115
     )  # fmt: skip
-    config = f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-rule_files: ["{RULES}"]
-scrape_configs:
-  - job_name: otel-gpu-processor
-    static_configs: [{{targets: ["127.0.0.1:{scrape}"]}}]
-"""
+    config = processor_scrape_config(f"127.0.0.1:{scrape}")
     try:
         _wait_port(listen, proc)
         with Prometheus(tmp / "prometheus", config) as prom:
