@@ -20,7 +20,7 @@ median counts, min and max are printed):
   server configured like the processor's), with a handler that does the generic decode any
   processor must do to look at OTLP data, and nothing else: a full protobuf parse, and for
   every resource and every data point its attributes as a dict (key -> AnyValue) plus its
-  timestamp and value. No detection, no forwarding. (FIELD-NOTES §3 measured this walk at
+  timestamp and value. No detection, no forwarding. (docs/background.md §3 measured this walk at
   0.4 M points/s in-process and 0.33-0.38 M points/s over gRPC on one core.)
 
 ratio = processor / floor. Targets: >= 250,000 points/s and ratio >= 0.60.
@@ -64,8 +64,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (  # no
 from synth import agent_request  # noqa: E402
 
 from otel_gpu.detect.breaker import BreakerConfig  # noqa: E402
-from otel_gpu.detect.config import DetectConfig  # noqa: E402
 from otel_gpu.detect.engine import Engine  # noqa: E402
+from otel_gpu.detect.settings import DetectConfig  # noqa: E402
 from otel_gpu.processor import Downstream, Processor, ProcessorConfig  # noqa: E402
 from otel_gpu.processor.assemble import Assembler  # noqa: E402
 from otel_gpu.processor.decode import MetricsDecoder  # noqa: E402

@@ -19,7 +19,7 @@ import re
 import sys
 import time
 
-from otel_gpu.redact import redact_command
+from otel_gpu.core.redact import redact_command
 
 _OLD_SECRET_KEY = re.compile(
     r"(token|passw(or)?d|secret|api[_-]?key|access[_-]?key|credential)", re.I
@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
     cut = min(best_us(lambda a: redact_command(a, CUT), line, 1, loops) for _ in range(3))
     print(f"command line: {len(' '.join(line))} bytes, {len(line)} arguments")
     print(f"baseline (previous redact_command): {baseline:.1f} us per command line")
-    print(f"otel_gpu.redact.redact_command:     {value:.1f} us per command line")
+    print(f"otel_gpu.core.redact.redact_command:     {value:.1f} us per command line")
     print(f"  cut at {CUT} characters (ProcessTree): {cut:.1f} us per new process")
     print(
         json.dumps(

@@ -47,7 +47,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 from tests.fakenvml.build import build_fake  # noqa: E402
 
 if TYPE_CHECKING:
-    from otel_gpu.labels import SeriesLabels
+    from otel_gpu.agent.labels import SeriesLabels
     from otel_gpu.sampling.snapshot import Snapshot
 
 GPUS = 8
@@ -120,7 +120,7 @@ def block_means(times: list[float]) -> list[float]:
 
 def pod_labels(snap: Snapshot) -> SeriesLabels:
     """A pod (and container) per GPU, each process in the pod of its GPU."""
-    from otel_gpu.labels import SeriesLabels
+    from otel_gpu.agent.labels import SeriesLabels
 
     gpus = {
         g.uuid: (
@@ -175,12 +175,12 @@ def main() -> int:
         (work / "scenario").write_text(scenario(pids))
         os.environ["FAKE_NVML_SCENARIO"] = str(work / "scenario")
 
-        from otel_gpu import metrics
-        from otel_gpu.agent import DISCOVERY_PERIOD_S
+        from otel_gpu.agent import instruments as metrics
+        from otel_gpu.agent.agent import DISCOVERY_PERIOD_S
+        from otel_gpu.core.signals import observable
         from otel_gpu.sampling.nvml import NvmlSource
         from otel_gpu.sampling.procs import ProcessTree
         from otel_gpu.sampling.sampler import Sampler
-        from otel_gpu.signals import observable
 
         # As the agent runs it, at a 1 s interval: the clocks of the GPU source and the process
         # tree advance 1 s per cycle, so one cycle in DISCOVERY_PERIOD_S pays for a full /proc
@@ -190,7 +190,7 @@ def main() -> int:
         source = NvmlSource(library_path=str(lib), call_timeout_s=2.0, clock=lambda: simulated[0])
         tree = ProcessTree(pids, discovery_period_s=DISCOVERY_PERIOD_S, clock=lambda: simulated[0])
         sampler = Sampler(source, tree, interval_s=1.0)
-        from otel_gpu.labels import NO_LABELS
+        from otel_gpu.agent.labels import NO_LABELS
 
         reader = InMemoryMetricReader()
         labels = [NO_LABELS]  # set after the first sweep, which names the GPUs

@@ -22,15 +22,15 @@ import time
 
 from rich.console import Console
 
+from otel_gpu.agent.watchdog import Watchdog
 from otel_gpu.detect.breaker import Breaker
 from otel_gpu.detect.engine import Engine
-from otel_gpu.record import rows
+from otel_gpu.outputs.record import rows
+from otel_gpu.outputs.summary import RunSummary
+from otel_gpu.outputs.sweeps import Sweep, labels
+from otel_gpu.outputs.view.frame import build_frame
+from otel_gpu.outputs.view.render import table
 from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, ProcessSample, Snapshot
-from otel_gpu.summary import RunSummary
-from otel_gpu.sweeps import Sweep, labels
-from otel_gpu.view.frame import build_frame
-from otel_gpu.view.render import table
-from otel_gpu.watchdog import Watchdog
 
 GIB = 1 << 30
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from otel_gpu import __version__
 from otel_gpu.commands.common import quiet_grpc
-from otel_gpu.errors import UsageError
+from otel_gpu.core.errors import UsageError
 
 # Order is the order of `otel-gpu --help`.
 COMMAND_MODULES = (

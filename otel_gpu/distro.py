@@ -13,11 +13,11 @@ configurator then decides what this process is (:func:`~otel_gpu.tracing.context
   thread;
 - ``trainer`` (a rank with ``LOCAL_RANK`` > 0): spans, ``training.*`` and torch metrics;
 - ``node`` (local rank 0, or the single process): the same, plus the node's GPU and process
-  sampler (:func:`otel_gpu.agent.start_in_process`, which also takes a per-node lock);
+  sampler (:func:`otel_gpu.agent.agent.start_in_process`, which also takes a per-node lock);
 - ``off`` (multiprocessing spawn workers, torch.compile workers): nothing.
 
 Every role but ``off`` also fixes the job's ``service.instance.id`` in ``OTEL_RESOURCE_ATTRIBUTES``
-(:mod:`otel_gpu.job_identity`) before anything starts, so all the job's processes share it.
+(:mod:`otel_gpu.core.job_identity`) before anything starts, so all the job's processes share it.
 
 The SDK pipeline itself is in :mod:`otel_gpu.tracing.pipeline`, imported by ``trainer`` and
 ``node`` processes only.
@@ -33,8 +33,8 @@ from typing import Any
 
 from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr-defined]
 
-from otel_gpu.errors import UsageError
-from otel_gpu.job_identity import ensure_instance_id
+from otel_gpu.core.errors import UsageError
+from otel_gpu.core.job_identity import ensure_instance_id
 from otel_gpu.tracing import context
 from otel_gpu.tracing.settings import TracingSettings
 
@@ -107,7 +107,33 @@ def configure(
     ensure_instance_id(os.environ)
     if role == context.LAUNCHER:
         return None
+    from otel_gpu.agent.settings import Settings
     from otel_gpu.tracing import pipeline
 
-    _setup = pipeline.build(role, auto_instrumentation_version)
+    agent_settings = Settings.load()  # validates the agent's OTEL_GPU_* too: one error, up front
+    _setup = pipeline.build(
+        role,
+        auto_instrumentation_version,
+        shutdown_timeout_s=agent_settings.shutdown_timeout_s,
+        process_command=agent_settings.process_command,
+    )
+    if role == context.NODE:
+        _setup.agent = _start_node_agent(_setup.meter_provider, agent_settings)
     return _setup
+
+
+def _start_node_agent(meter_provider: Any, agent_settings: Any) -> Any:
+    """The node's sampler and detection inside this trainer process (when it wins the node
+    lock), reading the trainer's phase and step and asking its graceful stop first: the one
+    place where tracing and the agent are composed."""
+    from otel_gpu.agent.agent import start_in_process
+    from otel_gpu.agent.watchdog import InProcessTrainer
+    from otel_gpu.tracing import progress
+    from otel_gpu.tracing.control import request_stop
+
+    # Under torchrun the parent is torchrun's agent, whose children are all local ranks:
+    # watch that tree, so sibling ranks' host memory and CPU are covered too.
+    # (TORCHELASTIC_RUN_ID is set by torchrun's agent; a stray LOCAL_RANK in a shell is not.)
+    roots = [os.getppid()] if os.environ.get("TORCHELASTIC_RUN_ID") else None
+    trainer = InProcessTrainer(progress.current_phase, progress.current_step, request_stop)
+    return start_in_process(meter_provider, agent_settings, roots, trainer)

@@ -1,6 +1,6 @@
 """Agent-shaped OTLP metrics requests with explicit timestamps, for tests and benchmarks.
 
-The names, kinds and attribute keys come from the signal contract (``otel_gpu.signals``): per GPU
+The names, kinds and attribute keys come from the signal contract (``otel_gpu.core.signals``): per GPU
 ~15 device series keyed by ``hw.id``, per process 7 series keyed by ``process.pid`` (GPU ones
 also by ``hw.id``). Values come from a caller's function (called with the metric's name) so a test can make one
 series leak.
@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from otel_gpu import signals as sig
+from otel_gpu.core import signals as sig
 
 GIB = 1024**3
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from otel_gpu.actions import ActionsConfig, redact_url
-from otel_gpu.actions.config import env_name
 from otel_gpu.actions.notifiers import (
     VENDORS,
     DingTalkNotifier,
@@ -20,7 +19,8 @@ from otel_gpu.actions.notifiers import (
     WeComNotifier,
 )
 from otel_gpu.actions.redact import scrub
-from otel_gpu.errors import UsageError
+from otel_gpu.actions.settings import env_name
+from otel_gpu.core.errors import UsageError
 
 SLACK = "https://hooks.slack.com/services/T0001/B0002/SeCrEtToKeN99"
 DING = "https://oapi.dingtalk.com/robot/send?access_token=abcdef0123456789"

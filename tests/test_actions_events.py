@@ -14,9 +14,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_gpu.actions import ActionDispatcher, add_alert_event, set_job_span
+from otel_gpu.core.signals import ALERT_EVENT
 from otel_gpu.detect.breaker import Breaker, BreakerConfig
 from otel_gpu.detect.model import LEAK, STALL, Alert
-from otel_gpu.signals import ALERT_EVENT
 
 try:  # newer SDKs call it InMemoryLogRecordExporter; the old name warns
     from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter as MemoryLogs

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from otel_gpu.actions import ActionDispatcher, ActionsConfig, JobStopper, parse_signal
+from otel_gpu.core.errors import UsageError
 from otel_gpu.detect.breaker import Transition
 from otel_gpu.detect.model import LEAK, THRESHOLD, Alert
-from otel_gpu.errors import UsageError
 
 # A trainer stand-in: traps SIGUSR1 and SIGTERM, appends the signal name to a file per delivery.
 CHILD = r"""

@@ -13,9 +13,9 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from otel_gpu import metrics
-from otel_gpu.agent import Agent
-from otel_gpu.config import Settings
+from otel_gpu.agent import instruments as metrics
+from otel_gpu.agent.agent import Agent
+from otel_gpu.agent.settings import Settings
 from otel_gpu.sampling.sampler import Sampler
 from otel_gpu.sampling.sim import GIB, SimulatedSource
 from otel_gpu.sampling.snapshot import (

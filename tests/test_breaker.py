@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from otel_gpu.core.errors import UsageError
 from otel_gpu.detect.breaker import (
     CLOSED,
     HALF_OPEN,
@@ -17,7 +18,6 @@ from otel_gpu.detect.breaker import (
     Transition,
 )
 from otel_gpu.detect.model import LEAK, STALL, Alert
-from otel_gpu.errors import UsageError
 
 CFG = BreakerConfig(alerts_to_open=1, window_s=300.0, cooldown_s=600.0, probation_s=300.0)
 CFG3 = BreakerConfig(alerts_to_open=3, window_s=100.0, cooldown_s=600.0, probation_s=300.0)

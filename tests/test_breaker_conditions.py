@@ -16,11 +16,11 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_gpu.actions.dispatcher import transition_event
+from otel_gpu.agent.watchdog import Watchdog
 from otel_gpu.detect.breaker import CLOSED, HALF_OPEN, OPEN, Breaker, BreakerConfig, Transition
 from otel_gpu.detect.engine import Engine
 from otel_gpu.detect.model import LEAK, STALL, Alert, Point
 from otel_gpu.sampling.snapshot import GpuSample, Snapshot
-from otel_gpu.watchdog import Watchdog
 
 GB = 1e9
 MB_H = 1e6 / 3600  # By/s in one MB/h

@@ -1,5 +1,5 @@
 """Process churn: series of exited processes stop being exported and never count against the
-SDK's cardinality limit (otel_gpu/series.py), through the real instrument table and SDK."""
+SDK's cardinality limit (otel_gpu/agent/series.py), through the real instrument table and SDK."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from opentelemetry.sdk.metrics import (
 from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
 from opentelemetry.sdk.metrics.view import View
 
-from otel_gpu import metrics
+from otel_gpu.agent import instruments as metrics
 from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, ProcessSample, Snapshot
 
 GPU = "GPU-fa4e0000-0000-4000-8000-000000000000"

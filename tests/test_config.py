@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from otel_gpu.config import Settings, check_endpoint
-from otel_gpu.errors import UsageError
+from otel_gpu.agent.settings import Settings
+from otel_gpu.core.errors import UsageError
+from otel_gpu.core.otlp import check_endpoint
 
 
 def test_defaults_without_environment() -> None:

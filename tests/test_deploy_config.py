@@ -19,7 +19,7 @@ import yaml
 from opentelemetry.exporter.prometheus._mapping import sanitize_full_name
 from prometheus_peer import ROOT, binary
 
-from otel_gpu import signals
+from otel_gpu.core import signals
 
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
 
@@ -258,7 +258,7 @@ _AGENT_RESOURCE = """
 import json
 from otel_gpu.commands.common import build_resource, job_environment
 from otel_gpu.commands.run import shared_identity
-from otel_gpu.export import default_service_name
+from otel_gpu.core.job_identity import default_service_name
 cmd = ["python", "train.py"]
 env = shared_identity(job_environment(), default_service_name(cmd))
 print(json.dumps(dict(build_resource(None, cmd, None, env).attributes), default=str))

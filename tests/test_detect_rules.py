@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from otel_gpu.core.errors import UsageError
 from otel_gpu.detect.engine import DetectConfig, Engine
 from otel_gpu.detect.model import ANOMALY, HARDWARE, THRESHOLD, Point
-from otel_gpu.errors import UsageError
 
 
 def run(points, cfg=None):

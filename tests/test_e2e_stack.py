@@ -35,7 +35,7 @@ from prometheus_peer import ROOT, Prometheus, free_port, processor_scrape_config
 from test_deploy_rotel import _start, _stop, _wait_port
 from test_prometheus_stack import TRAINER
 
-from otel_gpu.detect.config import ENV_PREFIX, DetectConfig
+from otel_gpu.detect.settings import ENV_PREFIX, DetectConfig
 
 SPEED = 240.0
 SERVICE = "e2e-train"

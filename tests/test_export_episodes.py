@@ -10,9 +10,10 @@ import pytest
 from opentelemetry.metrics import Observation
 from otlp_sink import OtlpSink
 
-from otel_gpu.config import Settings
-from otel_gpu.export import meter_provider, shutdown_provider
-from otel_gpu.export_log import ExportEpisodes, short_cause
+from otel_gpu.agent.export import meter_provider
+from otel_gpu.agent.settings import Settings
+from otel_gpu.core.export_log import ExportEpisodes, short_cause
+from otel_gpu.core.shutdown import shutdown_provider
 
 
 class Clock:

@@ -21,11 +21,12 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, PeriodicExpor
 from test_cli import CLI, _env
 from test_isolation import BASE_SCENARIO, _blocking_proc_root
 
-from otel_gpu import metrics, selfmetrics
-from otel_gpu.health import HealthServer, agent_check
+from otel_gpu.agent import instruments as metrics
+from otel_gpu.agent import selfmetrics
+from otel_gpu.agent.health import HealthServer, agent_check
+from otel_gpu.agent.selfmetrics import CountingExporter, ExportHealth
 from otel_gpu.sampling.sampler import Sampler, stale_after
 from otel_gpu.sampling.sim import SimulatedSource
-from otel_gpu.selfmetrics import CountingExporter, ExportHealth
 
 
 class Clock:
@@ -217,12 +218,12 @@ def test_bad_health_address_is_refused_before_the_job_starts(tmp_path: Path) -> 
         )  # fmt: skip
         assert proc.returncode == 2
         assert proc.stderr.strip().splitlines() == [
-            f"otel-gpu: error: --health {value}: use HOST:PORT with a port from 0 to 65535, "
-            "e.g. 127.0.0.1:8081"
+            f"otel-gpu: error: --health={value!r}: use HOST:PORT with a port from 0 to 65535, "
+            "e.g. 127.0.0.1:8081 ([::1]:8081 for IPv6)"
         ]
         assert not marker.exists()
     env_proc = subprocess.run(
         [*CLI, "run", "--", sys.executable, "-c", "pass"],
         capture_output=True, text=True, timeout=30, env=_env(OTEL_GPU_HEALTH="x:y"),
     )  # fmt: skip
-    assert env_proc.returncode == 2 and "OTEL_GPU_HEALTH=x:y" in env_proc.stderr
+    assert env_proc.returncode == 2 and "OTEL_GPU_HEALTH='x:y'" in env_proc.stderr

@@ -174,3 +174,61 @@ def test_every_module_imports_in_a_fresh_interpreter() -> None:
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = dict(zip(MODULES, pool.map(_import_alone, MODULES), strict=True))
     assert {m: error for m, error in results.items() if error is not None} == {}
+
+
+# Which parts may not import which: the processor is fleet-side and shares only the vocabulary
+# (core), the engine (detect) and the actions with the agent; trainer code (tracing) never
+# composes the node agent (that happens at the edge, in otel_gpu.distro); core is imported by
+# everyone and imports no other part.
+FORBIDDEN = {
+    "otel_gpu.processor": {
+        "otel_gpu.agent",
+        "otel_gpu.outputs",
+        "otel_gpu.commands",
+        "otel_gpu.tracing",
+        "otel_gpu.sampling",
+    },
+    "otel_gpu.tracing": {"otel_gpu.agent", "otel_gpu.commands", "otel_gpu.outputs"},
+    "otel_gpu.detect": {"otel_gpu.agent", "otel_gpu.processor", "otel_gpu.tracing"},
+}
+ENTRY_POINTS = {"otel_gpu", "otel_gpu.cli", "otel_gpu.distro"}
+
+
+def forbidden_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``part -> part`` for every import edge a rule above (or core's isolation) forbids."""
+    found = set()
+    for part, targets in parts_graph(graph).items():
+        banned = FORBIDDEN.get(part, set())
+        if part == "otel_gpu.core":
+            banned = {t for t in targets if t != "otel_gpu"}
+        found.update(f"{part} -> {t}" for t in targets & banned)
+    return sorted(found)
+
+
+def test_the_rule_check_sees_a_forbidden_lazy_import(tmp_path: Path) -> None:
+    modules = _sample_package(
+        tmp_path,
+        {
+            "otel_gpu/__init__.py": "",
+            "otel_gpu/core/__init__.py": "",
+            "otel_gpu/core/units.py": "def f():\n    from otel_gpu.agent.x import y\n",
+            "otel_gpu/agent/__init__.py": "",
+            "otel_gpu/agent/x.py": "y = 1\n",
+            "otel_gpu/processor/__init__.py": "",
+            "otel_gpu/processor/scrape.py": "def g():\n    import otel_gpu.agent.x\n",
+            "otel_gpu/tracing/__init__.py": "from otel_gpu.core import units\n",
+        },
+    )
+    assert forbidden_imports(import_graph(modules)) == [
+        "otel_gpu.core -> otel_gpu.agent",
+        "otel_gpu.processor -> otel_gpu.agent",
+    ]
+
+
+def test_no_part_imports_what_its_rule_forbids() -> None:
+    assert forbidden_imports(import_graph(MODULES)) == []
+
+
+def test_the_top_level_holds_only_entry_points_and_rooms() -> None:
+    loose = {m for m, path in MODULES.items() if m.count(".") == 1 and path.name != "__init__.py"}
+    assert loose | {"otel_gpu"} == ENTRY_POINTS, "a module at the top level: put it in a room"

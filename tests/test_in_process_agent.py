@@ -1,5 +1,5 @@
 """An agent running inside the trainer's process gets that trainer handed in where it is built
-(:class:`~otel_gpu.watchdog.InProcessTrainer`): its phase and step feed detection, and its
+(:class:`~otel_gpu.agent.watchdog.InProcessTrainer`): its phase and step feed detection, and its
 graceful checkpoint-and-stop is asked before any signal is sent."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu.actions.config import ActionsConfig
-from otel_gpu.agent import Agent
-from otel_gpu.config import Settings
-from otel_gpu.detect.config import DetectConfig
+from otel_gpu.actions.settings import ActionsConfig
+from otel_gpu.agent.agent import Agent
+from otel_gpu.agent.settings import Settings
+from otel_gpu.agent.watchdog import DetectionSettings, InProcessTrainer
+from otel_gpu.detect.settings import DetectConfig
 from otel_gpu.sampling.sim import GIB, SimulatedSource
-from otel_gpu.watchdog import DetectionSettings, InProcessTrainer
 
 TRAP = (
     "import pathlib, signal, sys, time\n"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from otel_gpu.core.errors import UsageError
 from otel_gpu.detect.breaker import BreakerConfig
 from otel_gpu.detect.model import LEAK, STALL, Alert
-from otel_gpu.errors import UsageError
 from otel_gpu.inference.readiness import DEFAULT_FATAL_XIDS, Readiness, ReadinessConfig
 from otel_gpu.sampling.snapshot import STATUS_FAILED, STATUS_OK, GpuSample, Snapshot
 

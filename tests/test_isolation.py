@@ -222,8 +222,8 @@ import os, resource, sys, time
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
 held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
-from otel_gpu.agent import Agent
-from otel_gpu.config import Settings
+from otel_gpu.agent.agent import Agent
+from otel_gpu.agent.settings import Settings
 agent = Agent(Settings(interval_s=0.2, simulate="steady", detect=False), roots=[os.getpid()])
 agent.start()
 deadline = time.monotonic() + 20

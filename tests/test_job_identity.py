@@ -21,10 +21,10 @@ from otlp_sink import OtlpSink, attrs
 from test_cli import CLI, _env
 
 from otel_gpu.commands.run import shared_identity
-from otel_gpu.export import default_service_name
-from otel_gpu.job_identity import (
+from otel_gpu.core.job_identity import (
     RESOURCE_ATTRIBUTES_ENV,
     SERVICE_NAME_ENV,
+    default_service_name,
     ensure_instance_id,
     given_service_name,
     resource_attributes,

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from otel_gpu.agent.instruments import process_attrs
+from otel_gpu.agent.labels import collecting
 from otel_gpu.k8s.attribution import NodeAttribution
 from otel_gpu.k8s.node_map import map_node
 from otel_gpu.k8s.podlogs import PodDir, parse_pod_dir, read_pod_logs
 from otel_gpu.k8s.podresources import Allocation
-from otel_gpu.labels import collecting
-from otel_gpu.metrics import process_attrs
 from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, ProcessSample, Snapshot
 
 GPU_A, GPU_B = (

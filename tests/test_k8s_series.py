@@ -24,8 +24,8 @@ from test_cli import _env
 from test_k8s_podresources import PodSpec, compiled_stubs, kubelet
 from test_sidecar import ROOT, _until
 
-from otel_gpu.agent import Agent
-from otel_gpu.config import Settings
+from otel_gpu.agent.agent import Agent
+from otel_gpu.agent.settings import Settings
 from otel_gpu.k8s.attribution import SOURCE_CGROUP, SOURCE_PODRESOURCES, NodeAttribution
 
 GPU_A, GPU_B, GPU_C, GPU_D = (f"GPU-a000000{i}-0000-4000-8000-000000000000" for i in range(4))

@@ -15,8 +15,8 @@ SCRIPT = textwrap.dedent(
     """
     import sys, time
     from opentelemetry.sdk.metrics import MeterProvider
-    from otel_gpu.agent import start_in_process
-    from otel_gpu.config import Settings
+    from otel_gpu.agent.agent import start_in_process
+    from otel_gpu.agent.settings import Settings
     settings = Settings(simulate="steady", interval_s=0.1, exporter="none", detect=False,
                         lock_dir=sys.argv[1])
     agent = start_in_process(MeterProvider(), settings)
@@ -71,7 +71,7 @@ def test_start_in_process_never_raises_on_a_bad_lock_dir(tmp_path: Path) -> None
 
 def test_a_planted_symlink_is_not_followed(tmp_path: Path) -> None:
     """Another user's symlink at the lock's name must not make us truncate its target."""
-    from otel_gpu.node_lock import LOCK_FILE, open_node_lock
+    from otel_gpu.agent.node_lock import LOCK_FILE, open_node_lock
 
     lock_dir = tmp_path / "locks"
     lock_dir.mkdir(mode=0o700)
@@ -89,7 +89,7 @@ def test_a_planted_symlink_is_not_followed(tmp_path: Path) -> None:
 def test_only_a_directory_only_this_user_can_write_holds_the_lock(
     tmp_path: Path, mode: int, usable: bool
 ) -> None:
-    from otel_gpu.node_lock import LOCK_FILE, open_node_lock
+    from otel_gpu.agent.node_lock import LOCK_FILE, open_node_lock
 
     lock_dir = tmp_path / "locks"
     lock_dir.mkdir()
@@ -107,7 +107,7 @@ def test_the_default_lock_lives_in_a_private_directory(tmp_path: Path) -> None:
     """Without OTEL_GPU_LOCK_DIR, the lock goes in <temp>/otel-gpu-<uid>, created 0700."""
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     res = subprocess.run(
-        [sys.executable, "-c", "from otel_gpu.node_lock import acquire_node_lock as a; print(a())"],
+        [sys.executable, "-c", "from otel_gpu.agent.node_lock import acquire_node_lock as a; print(a())"],
         capture_output=True, text=True, timeout=30, env=env,
     )  # fmt: skip
     assert res.stdout.strip() == "True", res.stderr

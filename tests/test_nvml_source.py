@@ -538,7 +538,7 @@ def test_mig_devices_report_memory_and_processes_under_their_own_uuids(fake_nvml
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from otel_gpu import metrics
+    from otel_gpu.agent import instruments as metrics
 
     mig0 = "MIG-00000000-0000-4000-8000-000000000000"
     mig2 = "MIG-00000000-0002-4000-8000-000000000000"

@@ -13,7 +13,7 @@ from fakenvml.fixtures import FakeNvml
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from otel_gpu import metrics
+from otel_gpu.agent import instruments as metrics
 from otel_gpu.sampling.snapshot import Snapshot
 
 UUID = "GPU-fa4e0000-0000-4000-8000-{:012x}"

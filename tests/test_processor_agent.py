@@ -32,18 +32,18 @@ from test_processor_peers import ProcessorProcess, Webhook, leak_requests
 
 from otel_gpu.actions.dispatcher import ActionDispatcher
 from otel_gpu.actions.notifiers import JsonNotifier
-from otel_gpu.agent import Agent
-from otel_gpu.config import Settings
+from otel_gpu.agent.agent import Agent
+from otel_gpu.agent.settings import Settings
+from otel_gpu.agent.watchdog import Watchdog
 from otel_gpu.detect.breaker import Breaker, BreakerConfig
-from otel_gpu.detect.config import DetectConfig
 from otel_gpu.detect.engine import Engine
-from otel_gpu.processor.config import ProcessorConfig
+from otel_gpu.detect.settings import DetectConfig
 from otel_gpu.processor.pipeline import Detection
+from otel_gpu.processor.settings import ProcessorConfig
 from otel_gpu.processor.store import StateStore
 from otel_gpu.processor.wire import METRICS_EXPORT
 from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, Snapshot
 from otel_gpu.sampling.source import DeviceReading, HostInfo
-from otel_gpu.watchdog import Watchdog
 
 IDENTITY = {"service.name": "trainer", "service.instance.id": "run-1", "host.name": "node-1"}
 REPORTER_KEYS = ("service.instance.id", "host.name")

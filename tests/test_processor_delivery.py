@@ -22,7 +22,7 @@ from strict_downstream import REJECT_KEY, StrictDownstream
 from synth import agent_request
 from test_processor_peers import ProcessorProcess, call, free_port
 
-from otel_gpu.errors import UsageError
+from otel_gpu.core.errors import UsageError
 from otel_gpu.processor import Downstream, Processor, ProcessorConfig
 from otel_gpu.processor.forward import backoff
 from otel_gpu.processor.queue import DiskQueue

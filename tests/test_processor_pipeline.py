@@ -14,14 +14,15 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from synth import GIB, agent_request, default_value, gpu_uuid
 from test_processor_peers import leak_requests
 
+from otel_gpu.core.addresses import parse_hostport
+from otel_gpu.core.errors import UsageError
 from otel_gpu.detect.breaker import OPEN, Breaker, BreakerConfig
 from otel_gpu.detect.engine import Engine
 from otel_gpu.detect.model import Point
-from otel_gpu.errors import UsageError
 from otel_gpu.processor.assemble import Assembler, Subject
-from otel_gpu.processor.config import Downstream, ProcessorConfig, parse_hostport
 from otel_gpu.processor.decode import MetricsDecoder, strip_rejected
 from otel_gpu.processor.pipeline import Detection
+from otel_gpu.processor.settings import Downstream, ProcessorConfig
 from otel_gpu.processor.store import StateStore
 
 T0 = int((time.time() - 3600) * 1e9)

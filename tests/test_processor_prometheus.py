@@ -24,7 +24,7 @@ import pytest
 from prometheus_peer import ROOT, Prometheus, free_port, processor_scrape_config
 from test_processor_peers import call, leak_requests
 
-from otel_gpu.errors import UsageError
+from otel_gpu.core.errors import UsageError
 from otel_gpu.processor import outputs
 from otel_gpu.processor.scrape import DETECTOR, ProcessorScrape
 from otel_gpu.processor.wire import METRICS_EXPORT

@@ -11,8 +11,8 @@ import pytest
 
 from otel_gpu.cli import build_parser
 from otel_gpu.commands.processor import config_from_args
-from otel_gpu.errors import UsageError
-from otel_gpu.processor.config import Downstream, ProcessorConfig
+from otel_gpu.core.errors import UsageError
+from otel_gpu.processor.settings import Downstream, ProcessorConfig
 
 MIB = 1024 * 1024
 PEM = str(Path(__file__).resolve())  # any readable file passes the readability check

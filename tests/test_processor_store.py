@@ -14,9 +14,9 @@ import time
 import pytest
 from test_processor_peers import leak_requests
 
+from otel_gpu.core.errors import UsageError
 from otel_gpu.detect.breaker import OPEN, Breaker, BreakerConfig, Transition
 from otel_gpu.detect.engine import Engine
-from otel_gpu.errors import UsageError
 from otel_gpu.processor import Processor, ProcessorConfig
 from otel_gpu.processor.pipeline import Detection
 from otel_gpu.processor.store import StateStore

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu.redact import redact_command
+from otel_gpu.core.redact import redact_command
 from otel_gpu.sampling.procs import ProcessTree
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")

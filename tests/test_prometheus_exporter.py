@@ -14,9 +14,10 @@ import urllib.request
 import pytest
 from prometheus_peer import free_port
 
-from otel_gpu.config import Settings
-from otel_gpu.errors import UsageError
-from otel_gpu.export import ScrapeEndpoint, metric_readers
+from otel_gpu.agent.export import metric_readers
+from otel_gpu.agent.settings import Settings
+from otel_gpu.core.errors import UsageError
+from otel_gpu.core.prometheus import ScrapeEndpoint
 
 
 @pytest.mark.parametrize(
@@ -175,7 +176,7 @@ def test_idle_connections_do_not_pile_up_threads_and_scrapes_resume() -> None:
 
     from opentelemetry.sdk.metrics import MeterProvider
 
-    from otel_gpu.export import SCRAPE_WORKERS
+    from otel_gpu.core.prometheus import SCRAPE_WORKERS
 
     endpoint = ScrapeEndpoint("127.0.0.1", 0)
     provider = MeterProvider(metric_readers=[endpoint], shutdown_on_exit=False)

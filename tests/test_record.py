@@ -11,16 +11,16 @@ from pathlib import Path
 from fakenvml.fixtures import FakeNvml
 from test_cli import CLI, _env
 
-from otel_gpu.agent import Agent
-from otel_gpu.config import Settings
+from otel_gpu.agent.agent import Agent
+from otel_gpu.agent.settings import Settings
+from otel_gpu.agent.watchdog import Watchdog
 from otel_gpu.detect.breaker import Breaker, BreakerConfig, Transition
 from otel_gpu.detect.engine import DetectConfig, Engine
 from otel_gpu.detect.model import Alert, Point
 from otel_gpu.detect.trace import read_rows
-from otel_gpu.record import Recorder, open_recording
+from otel_gpu.outputs.record import Recorder, open_recording
+from otel_gpu.outputs.sweeps import on_sweeps
 from otel_gpu.sampling.sim import GIB, SimulatedSource
-from otel_gpu.sweeps import on_sweeps
-from otel_gpu.watchdog import Watchdog
 
 # The demo's short leak windows: a leak is found within minutes of simulated time.
 FAST = {"leak_bucket_s": 15, "leak_min_window_s": 900, "leak_context_s": 1800}
@@ -138,8 +138,8 @@ def test_unwritable_record_path_is_refused_before_the_job_starts(tmp_path: Path)
 def test_a_stalled_disk_drops_whole_sweeps_and_never_blocks_the_sampler() -> None:
     import os
 
+    from otel_gpu.outputs.sweeps import Sweep
     from otel_gpu.sampling.snapshot import GpuSample, Snapshot
-    from otel_gpu.sweeps import Sweep
 
     read_end, write_end = os.pipe()  # a "file" nobody drains
     os.set_blocking(write_end, False)

@@ -1,4 +1,4 @@
-"""The redaction rules (otel_gpu/redact.py): a corpus of command-line shapes, input → output."""
+"""The redaction rules (otel_gpu/core/redact.py): a corpus of command-line shapes, input → output."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import string
 
 import pytest
 
-from otel_gpu.redact import (
+from otel_gpu.core.redact import (
     command_attribute,
     is_secret_name,
     program,

@@ -27,8 +27,8 @@ from otlp_sink import OtlpSink
 from tiny_training import offline_env
 
 from otel_gpu.actions import ActionDispatcher, JsonNotifier, SlackNotifier, add_alert_event
-from otel_gpu.agent import Agent
-from otel_gpu.config import Settings
+from otel_gpu.agent.agent import Agent
+from otel_gpu.agent.settings import Settings
 from otel_gpu.detect.breaker import Transition
 from otel_gpu.detect.model import LEAK, Alert
 from otel_gpu.processor.outputs import SubjectOutput, logs_request
@@ -145,7 +145,7 @@ def test_bad_process_command_setting_is_one_line_and_exit_2() -> None:
 DETECT = """
 import json, os, sys
 from opentelemetry.sdk.resources import ProcessResourceDetector
-from otel_gpu.redact_sdk import redact_resource
+from otel_gpu.core.redact_sdk import redact_resource
 raw = ProcessResourceDetector(include_command_args=True).detect()
 shown = redact_resource(raw, os.environ["OTEL_GPU_PROCESS_COMMAND"])
 print(json.dumps([dict(raw.attributes), dict(shown.attributes)]))

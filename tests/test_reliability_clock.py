@@ -1,4 +1,4 @@
-"""RELIABILITY.md case 33, clock jumps (an NTP step backwards or forwards): intervals and
+"""docs/reliability.md case 33, clock jumps (an NTP step backwards or forwards): intervals and
 freshness run on monotonic time, timestamps on wall time, and nothing comes out negative.
 The clocks are injected where the code takes them (Sampler's ``clock`` / ``monotonic``)."""
 
@@ -12,9 +12,10 @@ from fakenvml.fixtures import FakeNvml
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from otel_gpu import metrics, selfmetrics
+from otel_gpu.agent import instruments as metrics
+from otel_gpu.agent import selfmetrics
+from otel_gpu.agent.selfmetrics import ExportHealth
 from otel_gpu.sampling.sampler import Sampler
-from otel_gpu.selfmetrics import ExportHealth
 
 HOUR = 3600.0
 T0 = 1_764_410_000.0  # a wall-clock time (Unix s)

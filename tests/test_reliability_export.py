@@ -1,5 +1,5 @@
-"""RELIABILITY.md section D, the export path: the agent's own exporter wiring
-(:func:`otel_gpu.export.metric_readers`, the SDK's OTLP gRPC exporter, :class:`CountingExporter`)
+"""docs/reliability.md section D, the export path: the agent's own exporter wiring
+(:func:`otel_gpu.agent.export.metric_readers`, the SDK's OTLP gRPC exporter, :class:`CountingExporter`)
 against small real servers on 127.0.0.1 that misbehave the ways collectors do.
 
 Each export must end within the configured timeout, whatever the peer does; what it lost is
@@ -26,12 +26,13 @@ from google.rpc.error_details_pb2 import RetryInfo
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.sdk.metrics import MeterProvider
 
-from otel_gpu import metrics, selfmetrics
-from otel_gpu.config import Settings
-from otel_gpu.export import metric_readers
+from otel_gpu.agent import instruments as metrics
+from otel_gpu.agent import selfmetrics
+from otel_gpu.agent.export import metric_readers
+from otel_gpu.agent.selfmetrics import ExportHealth
+from otel_gpu.agent.settings import Settings
 from otel_gpu.sampling.sampler import Sampler
 from otel_gpu.sampling.sim import SimulatedSource
-from otel_gpu.selfmetrics import ExportHealth
 
 OK = None  # an answer: success
 

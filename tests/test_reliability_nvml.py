@@ -1,4 +1,4 @@
-"""RELIABILITY.md section A, the cases the older NVML suites leave open: every init failure
+"""docs/reliability.md section A, the cases the older NVML suites leave open: every init failure
 code retried with backoff until it clears (2), NVML shut down under the agent by someone else
 and close() with a call in flight (15), many threads at once while GPUs come and go (14), a
 GPU falling off the bus, exported as failed with its last Xid (5), no pending Xid (12), and,
@@ -25,7 +25,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from test_cli import CLI, _env
 from test_isolation import _console_points
 
-from otel_gpu import metrics
+from otel_gpu.agent import instruments as metrics
 from otel_gpu.sampling.snapshot import STATUS_FAILED, STATUS_OK, Snapshot
 
 

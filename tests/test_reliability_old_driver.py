@@ -1,4 +1,4 @@
-"""RELIABILITY.md section A case 11, an old driver: the legacy build of the fake NVML lacks the
+"""docs/reliability.md section A case 11, an old driver: the legacy build of the fake NVML lacks the
 symbols newer drivers added (the _v3 process lists, memory info v2, TemperatureV, the "clocks
 event" name of the throttle reasons); the agent reads the same values through the older ones.
 """

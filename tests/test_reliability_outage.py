@@ -1,4 +1,4 @@
-"""RELIABILITY.md cases 31 and 32, end to end: the real ``otel-gpu run`` through a collector
+"""docs/reliability.md cases 31 and 32, end to end: the real ``otel-gpu run`` through a collector
 outage. Memory and threads stay flat over 150 failed exports, and a SIGTERM during the
 outage ends the wrapper within ``OTEL_GPU_SHUTDOWN_TIMEOUT``, not after the exporter's retries.
 """

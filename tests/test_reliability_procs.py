@@ -1,4 +1,4 @@
-"""RELIABILITY.md case 25: huge or binary command lines. Reading ``/proc/PID/cmdline`` is
+"""docs/reliability.md case 25: huge or binary command lines. Reading ``/proc/PID/cmdline`` is
 bounded in bytes (a read never waits for the end of an endless file) and odd bytes never break
 a sweep or smuggle a secret past redaction."""
 

@@ -1,4 +1,4 @@
-"""RELIABILITY.md case 41, the part the health suite leaves open: collection duration per GPU
+"""docs/reliability.md case 41, the part the health suite leaves open: collection duration per GPU
 (``otel_gpu.agent.gpu.read.duration``), so the one slow GPU in a slow sweep is named."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from fakenvml.fixtures import FakeNvml
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from otel_gpu import selfmetrics
+from otel_gpu.agent import selfmetrics
+from otel_gpu.agent.selfmetrics import ExportHealth
 from otel_gpu.sampling.sampler import Sampler
-from otel_gpu.selfmetrics import ExportHealth
 
 UUID = "GPU-fa4e0000-0000-4000-8000-{:012x}"
 

@@ -15,7 +15,7 @@ import pytest
 from fakenvml.fixtures import FakeNvml
 from opentelemetry.sdk.resources import get_aggregated_resources
 
-from otel_gpu.job_identity import instance_id
+from otel_gpu.core.job_identity import instance_id
 from otel_gpu.resource import (
     GitResourceDetector,
     GpuHostResourceDetector,

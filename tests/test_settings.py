@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from otel_gpu import config
+from otel_gpu.agent import settings as config
 from otel_gpu.cli import build_parser
 from otel_gpu.commands.common import add_agent_options, settings_from_args
 from otel_gpu.commands.demo import DEMO_OPTIONS
-from otel_gpu.errors import UsageError
-from otel_gpu.settings import FALSE_WORDS, TRUE_WORDS, Setting, boolean, number, resolve
+from otel_gpu.core.errors import UsageError
+from otel_gpu.core.settings import FALSE_WORDS, TRUE_WORDS, Setting, boolean, number, resolve
 from otel_gpu.tracing import settings as tracing_settings
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -90,8 +90,8 @@ def test_flags_and_environment_reach_the_settings() -> None:
 
 def _booleans(word: str) -> list[bool]:
     """The same word given to a boolean setting of each settings layer."""
-    from otel_gpu.actions.config import ActionsConfig
-    from otel_gpu.detect.config import DetectConfig
+    from otel_gpu.actions.settings import ActionsConfig
+    from otel_gpu.detect.settings import DetectConfig
 
     return [
         boolean(word, "X"),
@@ -125,7 +125,7 @@ def test_help_of_each_command_comes_from_the_declarations() -> None:
             assert s.flag is not None
             assert f"{s.flag}" in text
             assert _help_line(s) in text, (command, s.name)
-    from otel_gpu.processor.config import DECLARED as PROCESSOR
+    from otel_gpu.processor.settings import DECLARED as PROCESSOR
 
     for command, declared in (
         ("sidecar", config.SIDECAR_OPTIONS),
@@ -158,7 +158,7 @@ def _declared() -> list[Setting]:
     from otel_gpu.detect.breaker import DECLARED as BREAKER
     from otel_gpu.inference.readiness import DECLARED as READINESS
     from otel_gpu.inference.serving import DECLARED as SERVING
-    from otel_gpu.processor.config import DECLARED as PROCESSOR
+    from otel_gpu.processor.settings import DECLARED as PROCESSOR
 
     return [
         *config.DECLARED, *tracing_settings.DECLARED, *BREAKER, *READINESS, *SERVING, *PROCESSOR
@@ -201,7 +201,7 @@ NOT_DECLARED = {"OTEL_GPU_TRAIN_TRACEPARENT", "OTEL_GPU_ACTIONS_CONFIG"}
 
 
 def test_every_variable_in_the_readme_tables_is_declared() -> None:
-    from otel_gpu.actions.config import DECLARED as ACTIONS
+    from otel_gpu.actions.settings import DECLARED as ACTIONS
 
     declared = {s.env for s in [*_declared(), *ACTIONS]} | NOT_DECLARED
     named = {
@@ -221,8 +221,8 @@ def _with_objects() -> list[tuple[Setting, object]]:
     from otel_gpu.inference.readiness import ReadinessConfig
     from otel_gpu.inference.serving import DECLARED as SERVING
     from otel_gpu.inference.serving import ServingConfig
-    from otel_gpu.processor.config import DECLARED as PROCESSOR
-    from otel_gpu.processor.config import ProcessorConfig
+    from otel_gpu.processor.settings import DECLARED as PROCESSOR
+    from otel_gpu.processor.settings import ProcessorConfig
 
     return [
         *((s, config.Settings()) for s in config.DECLARED),

@@ -29,17 +29,18 @@ from opentelemetry.sdk.metrics._internal.point import Gauge, Sum
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricsData
 from test_breaker_conditions import _leak_snapshots
 
-from otel_gpu import metrics, signals
 from otel_gpu.actions.span_event import alert_attributes
+from otel_gpu.agent import instruments as metrics
+from otel_gpu.agent.points import snapshot_points
+from otel_gpu.agent.watchdog import Watchdog
+from otel_gpu.core import signals
 from otel_gpu.detect.breaker import Breaker, BreakerConfig, Transition
 from otel_gpu.detect.engine import Engine
 from otel_gpu.detect.model import LEAK, NUMERIC_FIELDS, Alert, Point
-from otel_gpu.points import snapshot_points
 from otel_gpu.processor import outputs
 from otel_gpu.processor.assemble import Assembler, Subject
 from otel_gpu.processor.decode import ROUTES, MetricsDecoder
 from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, ProcessSample, Snapshot
-from otel_gpu.watchdog import Watchdog
 
 GIB = 1 << 30
 UUID = "GPU-5e1f4c2a-9b7d-4e3f-8a1b-000000000000"

@@ -15,7 +15,7 @@ import pytest
 from otlp_sink import OtlpSink
 from tiny_training import offline_env
 
-from otel_gpu.errors import UsageError
+from otel_gpu.core.errors import UsageError
 from otel_gpu.tracing import context, ids
 from otel_gpu.tracing.settings import TracingSettings
 

@@ -20,8 +20,8 @@ import pyte
 import pytest
 from test_cli import CLI, _env
 
-from otel_gpu import units
-from otel_gpu.view import LIVE, OFF, PLAIN, choose_mode
+from otel_gpu.core import units
+from otel_gpu.outputs.view import LIVE, OFF, PLAIN, choose_mode
 
 OUTPUT = Path(__file__).parent / "output"
 JOB = "import time; print('job says hi', flush=True); time.sleep(3)"
@@ -234,10 +234,10 @@ def _full_pipe() -> tuple[int, object]:
 
 
 def test_a_stalled_terminal_blocks_only_the_view_never_the_sampler() -> None:
-    from otel_gpu.agent import Agent
-    from otel_gpu.config import Settings
+    from otel_gpu.agent.agent import Agent
+    from otel_gpu.agent.settings import Settings
+    from otel_gpu.outputs.view import LiveView, make_console
     from otel_gpu.sampling.sim import SimulatedSource
-    from otel_gpu.view import LiveView, make_console
 
     read_end, stream = _full_pipe()
     agent = Agent(Settings(interval_s=0.05, exporter="none"), source=SimulatedSource("leak"))

@@ -13,11 +13,11 @@ from test_cli import CLI, _env
 from otel_gpu.detect.breaker import Breaker
 from otel_gpu.detect.engine import Engine
 from otel_gpu.detect.model import Alert, Point
+from otel_gpu.outputs.summary import RunSummary
+from otel_gpu.outputs.sweeps import Sweep
+from otel_gpu.outputs.view.frame import MAX_PROCESS_ROWS, build_frame
+from otel_gpu.outputs.view.render import plain_line
 from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, ProcessSample, Snapshot
-from otel_gpu.summary import RunSummary
-from otel_gpu.sweeps import Sweep
-from otel_gpu.view.frame import MAX_PROCESS_ROWS, build_frame
-from otel_gpu.view.render import plain_line
 
 GIB = 1 << 30
 U0 = "GPU-aaaaaaaa-0000-4000-8000-000000000000"

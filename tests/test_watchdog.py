@@ -13,14 +13,14 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from otel_gpu.actions.config import ActionsConfig
-from otel_gpu.agent import Agent
-from otel_gpu.config import Settings
-from otel_gpu.detect.config import DetectConfig
-from otel_gpu.points import snapshot_points
+from otel_gpu.actions.settings import ActionsConfig
+from otel_gpu.agent.agent import Agent
+from otel_gpu.agent.points import snapshot_points
+from otel_gpu.agent.settings import Settings
+from otel_gpu.agent.watchdog import DetectionSettings, Watchdog
+from otel_gpu.detect.settings import DetectConfig
 from otel_gpu.sampling.sim import GIB, SimulatedSource
 from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, ProcessSample, Snapshot
-from otel_gpu.watchdog import DetectionSettings, Watchdog
 
 TRAP = (
     "import pathlib, signal, sys, time\n"

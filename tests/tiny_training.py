@@ -3,7 +3,7 @@
 - :func:`tiny_llama` / :class:`TokenDataset`: a random ``LlamaForCausalLM`` on integer tokens
   for in-process HF Trainer runs (~0.05 s per step on CPU);
 - :func:`write_swift_assets`: a random ``Qwen2ForCausalLM``, a byte-level BPE tokenizer trained
-  here and chat jsonl files, for ``swift sft`` offline on CPU (FIELD-NOTES §4);
+  here and chat jsonl files, for ``swift sft`` offline on CPU (docs/background.md §4);
 - :func:`swift_sft_argv` / :func:`offline_env`: the command line and environment that run it.
 """
 
@@ -171,7 +171,7 @@ def write_swift_assets(root: Path, rows: int = 48) -> dict[str, Path]:
 
 
 def swift_sft_argv(assets: dict[str, Path], output_dir: Path, **overrides: Any) -> list[str]:
-    """``swift sft`` arguments for a short offline CPU run (FIELD-NOTES §4 recipe)."""
+    """``swift sft`` arguments for a short offline CPU run (docs/background.md §4 recipe)."""
     values: dict[str, Any] = {
         "model": assets["model"],
         "model_type": "qwen2",

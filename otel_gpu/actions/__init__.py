@@ -10,7 +10,6 @@ Typical wiring (agent or processor)::
     actions.close(timeout_s=5)                       # bounded
 """
 
-from otel_gpu.actions.config import ActionsConfig
 from otel_gpu.actions.dispatcher import ActionDispatcher, transition_event
 from otel_gpu.actions.notifiers import (
     VENDORS,
@@ -27,6 +26,7 @@ from otel_gpu.actions.notifiers import (
 from otel_gpu.actions.options import Option
 from otel_gpu.actions.outbox import DeliveryStats, Outbox, RetryPolicy
 from otel_gpu.actions.redact import redact_url
+from otel_gpu.actions.settings import ActionsConfig
 from otel_gpu.actions.span_event import add_alert_event, get_job_span, set_job_span
 from otel_gpu.actions.stop import JobStopper, StopResult, parse_signal
 

@@ -16,15 +16,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from otel_gpu.actions.config import ActionsConfig
 from otel_gpu.actions.http import build_opener, post, retry_after_s
 from otel_gpu.actions.notifiers import Reply, WebhookNotifier
 from otel_gpu.actions.outbox import Delivery, DeliveryStats, Outbox, RetryPolicy
+from otel_gpu.actions.settings import ActionsConfig
 from otel_gpu.actions.span_event import add_alert_event
 from otel_gpu.actions.stop import JobStopper
-from otel_gpu.detect.breaker import CLOSED, HALF_OPEN, OPEN, Transition
-from otel_gpu.detect.model import LEAK, STALL
-from otel_gpu.signals import (
+from otel_gpu.core.signals import (
     ALERT_KIND,
     ALERT_SEVERITY,
     BREAKER_EPISODE,
@@ -35,6 +33,8 @@ from otel_gpu.signals import (
     LEAK_RATE,
     TIME_TO_EXHAUSTION,
 )
+from otel_gpu.detect.breaker import CLOSED, HALF_OPEN, OPEN, Transition
+from otel_gpu.detect.model import LEAK, STALL
 
 log = logging.getLogger("otel_gpu.actions")
 

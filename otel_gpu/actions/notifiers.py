@@ -37,8 +37,8 @@ from urllib.parse import quote_plus
 
 from otel_gpu.actions.options import Option, http_headers, one_of, signing_secret, webhook_url
 from otel_gpu.actions.redact import redact_url, secret_fragments
+from otel_gpu.core.redact import redact_text, redact_value
 from otel_gpu.detect.breaker import CLOSED, HALF_OPEN, OPEN, Transition
-from otel_gpu.redact import redact_text, redact_value
 
 # Vendor error codes in a 200 reply that mean "rate limited": worth retrying later.
 _DINGTALK_RETRY = frozenset({130101})  # "send too fast" (20 messages/min per robot)
@@ -68,7 +68,7 @@ OK = Reply(True)
 
 
 def format_text(t: Transition, source: str = "") -> tuple[str, str]:
-    """(title, body) in plain text for chat messages, credentials masked (otel_gpu.redact)."""
+    """(title, body) in plain text for chat messages, credentials masked (otel_gpu.core.redact)."""
     a = t.alert
     where = f" [{source}]" if source else ""
     if t.to_state == OPEN:

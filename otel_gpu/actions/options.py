@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from otel_gpu.actions.redact import redact_url
-from otel_gpu.errors import UsageError
+from otel_gpu.core.errors import UsageError
 
 Parser = Callable[[str, Any], Any]  # (where the value came from, raw value) -> parsed value
 

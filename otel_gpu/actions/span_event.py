@@ -14,9 +14,8 @@ import threading
 from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
-from otel_gpu.detect.model import Alert
-from otel_gpu.redact import redact_text
-from otel_gpu.signals import (
+from otel_gpu.core.redact import redact_text
+from otel_gpu.core.signals import (
     ALERT_CONFIDENCE,
     ALERT_EVENT,
     ALERT_KIND,
@@ -28,6 +27,7 @@ from otel_gpu.signals import (
     LEAK_RATE,
     TIME_TO_EXHAUSTION,
 )
+from otel_gpu.detect.model import Alert
 
 _lock = threading.Lock()
 _job_span: trace.Span | None = None

@@ -15,7 +15,7 @@ import signal as _signal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from otel_gpu.errors import UsageError
+from otel_gpu.core.errors import UsageError
 from otel_gpu.sampling.procfs import read_stat
 
 log = logging.getLogger("otel_gpu.actions")

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from otel_gpu.core.errors import UsageError
 from otel_gpu.detect.engine import DetectConfig, Engine
 from otel_gpu.detect.trace import COLUMNS, Row, TraceError, read_rows, replay_rows, subject_for
-from otel_gpu.errors import UsageError
 
 
 def add_parser(subparsers: Any) -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 
-from otel_gpu.config import AGENT_OPTIONS, DECLARED, ENV, Settings
-from otel_gpu.settings import add_options, given
+from otel_gpu.agent.settings import AGENT_OPTIONS, DECLARED, ENV, Settings
+from otel_gpu.core.settings import add_options, given
 
 
 def add_agent_options(parser: argparse.ArgumentParser) -> None:
@@ -62,9 +62,9 @@ def build_resource(
     detector) follow ``process_command``."""
     from opentelemetry.sdk.resources import ResourceDetector, get_aggregated_resources
 
-    from otel_gpu.export import default_service_name
-    from otel_gpu.redact import COMMAND_REDACTED
-    from otel_gpu.redact_sdk import redact_resource
+    from otel_gpu.core.job_identity import default_service_name
+    from otel_gpu.core.redact import COMMAND_REDACTED
+    from otel_gpu.core.redact_sdk import redact_resource
     from otel_gpu.resource import GitResourceDetector, GpuHostResourceDetector, JobResourceDetector
     from otel_gpu.resource.host import host_info_source
 
@@ -113,8 +113,8 @@ class AgentEndpoints:
 
     def __init__(self, settings: Settings, extra_routes: Mapping[str, Any] | None = None) -> None:
         """``extra_routes``: more path → check pairs (the sidecar's ``/readyz``)."""
-        from otel_gpu.health import HealthServer, LateCheck
-        from otel_gpu.selfmetrics import ExportHealth
+        from otel_gpu.agent.health import HealthServer, LateCheck
+        from otel_gpu.agent.selfmetrics import ExportHealth
 
         self.settings = settings
         self.export_health = ExportHealth()
@@ -123,7 +123,7 @@ class AgentEndpoints:
         self.server = HealthServer(settings.health, routes) if settings.health else None
 
     def attach(self, agent: Any) -> None:
-        from otel_gpu.health import agent_check
+        from otel_gpu.agent.health import agent_check
 
         self._check.check = agent_check(
             agent.sampler, self.export_health, self.settings.health_export_grace_s

@@ -25,10 +25,10 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 
+from otel_gpu.agent.settings import SIM_SCENARIOS, Settings
 from otel_gpu.commands.outputs import RunOutputs
-from otel_gpu.config import SIM_SCENARIOS, Settings
-from otel_gpu.settings import Setting, add_options, choice, given, number, resolve
-from otel_gpu.sweeps import labels
+from otel_gpu.core.settings import Setting, add_options, choice, given, number, resolve
+from otel_gpu.outputs.sweeps import labels
 
 GIB = 1024**3
 # A training-like loop: a little CPU work per "step", forever (the demo ends it).
@@ -98,11 +98,11 @@ def demo(args: argparse.Namespace) -> int:
     opts = DemoOptions(**values)
     from otel_gpu.actions.dispatcher import ActionDispatcher
     from otel_gpu.actions.notifiers import JsonNotifier
-    from otel_gpu.agent import Agent
+    from otel_gpu.agent.agent import Agent
+    from otel_gpu.agent.watchdog import Watchdog
     from otel_gpu.detect.breaker import Breaker, BreakerConfig
     from otel_gpu.detect.engine import DetectConfig, Engine
     from otel_gpu.sampling.sim import SimulatedSource
-    from otel_gpu.watchdog import Watchdog
 
     out = sys.stdout
     # The demo prints alerts and transitions itself; the actions' log lines would repeat them.

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit
 
-from otel_gpu.config import Settings
-from otel_gpu.errors import UsageError
+from otel_gpu.agent.settings import Settings
+from otel_gpu.core.errors import UsageError
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 
@@ -85,7 +85,7 @@ def _guard(name: str, checks: Callable[[], Iterator[Check]]) -> Iterator[Check]:
 
 
 def _gpu_checks(settings: Settings) -> Iterator[Check]:
-    from otel_gpu.agent import make_source
+    from otel_gpu.agent.agent import make_source
     from otel_gpu.sampling.procs import ProcessTree
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")

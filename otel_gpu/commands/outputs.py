@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from otel_gpu.errors import UsageError
+from otel_gpu.core.errors import UsageError
 
 log = logging.getLogger("otel_gpu.outputs")
 
@@ -46,8 +46,8 @@ class RunOutputs:
     threads or blocks the sampler: the sampler thread hands each sweep over and returns."""
 
     def __init__(self, args: argparse.Namespace, title: str, *, stream: Any = None) -> None:
-        from otel_gpu.summary import RunSummary
-        from otel_gpu.view import LiveView, choose_mode, make_console
+        from otel_gpu.outputs.summary import RunSummary
+        from otel_gpu.outputs.view import LiveView, choose_mode, make_console
 
         if args.quiet and args.view:
             raise UsageError("--quiet and --view contradict each other: give one of them")
@@ -56,7 +56,7 @@ class RunOutputs:
             _check_writable(self.summary_json, "--summary-json")
         self.recorder: Any = None
         if args.record is not None:
-            from otel_gpu.record import Recorder, open_recording
+            from otel_gpu.outputs.record import Recorder, open_recording
 
             self.recorder = Recorder(open_recording(args.record))
         stream = stream if stream is not None else sys.stderr
@@ -71,7 +71,7 @@ class RunOutputs:
 
     def attach(self, sampler: Any, watchdog: Any) -> None:
         """Listen to an agent's sweeps (before it starts)."""
-        from otel_gpu.sweeps import labels, on_sweeps
+        from otel_gpu.outputs.sweeps import labels, on_sweeps
 
         self.watchdog = watchdog
         self.view.attach(sampler, watchdog)
@@ -102,7 +102,7 @@ class RunOutputs:
 
     def finish(self, exit_code: int | None, command: list[str] | None = None) -> None:
         """After the agent stopped: last frame, recording closed, summary printed and written."""
-        from otel_gpu import summary
+        from otel_gpu.outputs import summary
 
         self.view.stop()
         if self.recorder is not None:
@@ -146,7 +146,7 @@ def _check_writable(path: str, flag: str) -> None:
 def describe_export(settings: Any) -> str:
     """Where the metrics go, e.g. ``metrics over OTLP to http://localhost:4317`` (several
     exporters joined with "and"), or ``no metric export``."""
-    from otel_gpu.export import shown_endpoint
+    from otel_gpu.core.otlp import shown_endpoint
 
     said = []
     for name in settings.exporters:

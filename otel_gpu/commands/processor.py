@@ -1,7 +1,7 @@
 """``otel-gpu processor``: run the OTLP processor service until SIGTERM/SIGINT.
 
 Its options and their ``--help`` come from the declarations in
-:data:`otel_gpu.processor.config.DECLARED`; each falls back to its ``OTEL_GPU_PROCESSOR_*``
+:data:`otel_gpu.processor.settings.DECLARED`; each falls back to its ``OTEL_GPU_PROCESSOR_*``
 variable where it has one, then to its default.
 """
 
@@ -16,8 +16,8 @@ import threading
 from collections.abc import Mapping
 
 from otel_gpu.commands.common import LOG_FORMAT
-from otel_gpu.processor.config import DECLARED, ProcessorConfig
-from otel_gpu.settings import add_options, given
+from otel_gpu.core.settings import add_options, given
+from otel_gpu.processor.settings import DECLARED, ProcessorConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -52,11 +52,11 @@ def run_processor(args: argparse.Namespace) -> int:
     # grpc and urllib3 debug output could echo request metadata (the token): keep them quiet.
     logging.getLogger("grpc").setLevel(logging.WARNING)
 
-    from otel_gpu.actions.config import ActionsConfig
     from otel_gpu.actions.dispatcher import ActionDispatcher
+    from otel_gpu.actions.settings import ActionsConfig
     from otel_gpu.detect.breaker import BreakerConfig
-    from otel_gpu.detect.config import DetectConfig
     from otel_gpu.detect.engine import Engine
+    from otel_gpu.detect.settings import DetectConfig
     from otel_gpu.processor.scrape import ProcessorScrape
     from otel_gpu.processor.server import Processor
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from otel_gpu.errors import UsageError
+from otel_gpu.core.errors import UsageError
 
 
 def add_parser(subparsers: Any) -> None:
@@ -41,8 +41,8 @@ def run(args: argparse.Namespace) -> int:
     from otel_gpu.commands.analyze import load_config
     from otel_gpu.detect.breaker import BreakerConfig
     from otel_gpu.detect.trace import read_rows
-    from otel_gpu.report.page import page
-    from otel_gpu.report.replay import replay_recording
+    from otel_gpu.outputs.report.page import page
+    from otel_gpu.outputs.report.replay import replay_recording
 
     detect = load_config(args.config)
     breaker = BreakerConfig.from_env()

@@ -21,14 +21,14 @@ from otel_gpu.commands.common import (
     setup_logging,
 )
 from otel_gpu.commands.outputs import RunOutputs, add_output_options
-from otel_gpu.errors import UsageError
-from otel_gpu.job_identity import SERVICE_NAME_ENV, ensure_instance_id, given_service_name
+from otel_gpu.core.errors import UsageError
+from otel_gpu.core.job_identity import SERVICE_NAME_ENV, ensure_instance_id, given_service_name
 
 log = logging.getLogger("otel_gpu.run")
 
 # Signals passed on to the job. The job runs in its own process group, and a signal goes to the
 # whole group, as a terminal's Ctrl-C would: launchers such as `swift` orphan their trainer when
-# only they get SIGTERM (FIELD-NOTES §4).
+# only they get SIGTERM (docs/background.md §4).
 FORWARDED = (
     signal.SIGINT,
     signal.SIGTERM,
@@ -92,9 +92,11 @@ def run(args: argparse.Namespace) -> int:
     cmd = job_command(args.command)
     settings = settings_from_args(args)
     setup_logging(args.verbose)
-    from otel_gpu.agent import Agent, acquire_node_lock
-    from otel_gpu.export import close_all, default_service_name, meter_provider, shutdown_provider
-    from otel_gpu.watchdog import DetectionSettings
+    from otel_gpu.agent.agent import Agent, acquire_node_lock
+    from otel_gpu.agent.export import meter_provider
+    from otel_gpu.agent.watchdog import DetectionSettings
+    from otel_gpu.core.job_identity import default_service_name
+    from otel_gpu.core.shutdown import close_all, shutdown_provider
 
     # Resolved now: a bad OTEL_GPU_* setting refuses to start, never runs the job unwatched.
     detection = DetectionSettings.load() if settings.detect else None

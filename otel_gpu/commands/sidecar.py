@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from otel_gpu.agent.settings import SIDECAR_OPTIONS, Settings
 from otel_gpu.commands.common import (
     AgentEndpoints,
     add_agent_options,
@@ -23,15 +24,14 @@ from otel_gpu.commands.common import (
     setup_logging,
 )
 from otel_gpu.commands.outputs import RunOutputs, add_output_options
-from otel_gpu.config import SIDECAR_OPTIONS, Settings
-from otel_gpu.errors import UsageError
+from otel_gpu.core.errors import UsageError
+from otel_gpu.core.settings import add_options
 from otel_gpu.k8s.podlogs import DEFAULT_POD_LOGS
-from otel_gpu.settings import add_options
 
 if TYPE_CHECKING:
+    from otel_gpu.agent.watchdog import DetectionSettings
     from otel_gpu.inference.readiness import Readiness
     from otel_gpu.inference.serving import ServingConditions
-    from otel_gpu.watchdog import DetectionSettings
 
 log = logging.getLogger("otel_gpu.sidecar")
 
@@ -91,10 +91,10 @@ def sidecar(args: argparse.Namespace) -> int:
             "GPUs with --pod-resources; add --pod-resources SOCKET or drop --pod-logs"
         )
     setup_logging(args.verbose)
+    from otel_gpu.agent.watchdog import DetectionSettings
     from otel_gpu.detect.breaker import BreakerConfig
     from otel_gpu.inference.readiness import Readiness, ReadinessConfig
     from otel_gpu.inference.serving import ServingConditions, ServingConfig
-    from otel_gpu.watchdog import DetectionSettings
 
     # Resolved now: a bad OTEL_GPU_* setting refuses to start, never runs the job unwatched.
     detection = DetectionSettings.load(env) if settings.detect else None
@@ -135,8 +135,9 @@ def _watch(
     stop: threading.Event,
     detection: DetectionSettings | None,
 ) -> int:
-    from otel_gpu.agent import Agent
-    from otel_gpu.export import close_all, meter_provider, shutdown_provider
+    from otel_gpu.agent.agent import Agent
+    from otel_gpu.agent.export import meter_provider
+    from otel_gpu.core.shutdown import close_all, shutdown_provider
     from otel_gpu.k8s.pod import KubernetesResourceDetector, pod_visible_devices, watched_pod_pids
 
     pod_pids = watched_pod_pids(roots, bool(args.match), settings.proc_root)

@@ -17,7 +17,7 @@ from otel_gpu.commands.common import (
     setup_logging,
 )
 from otel_gpu.commands.outputs import RunOutputs, add_output_options
-from otel_gpu.errors import UsageError
+from otel_gpu.core.errors import UsageError
 from otel_gpu.sampling.procfs import read_stat
 
 _PID_MAX = 4194304  # the kernel's largest pid_max
@@ -57,9 +57,10 @@ def watch(args: argparse.Namespace) -> int:
     created = st.starttime
     settings = settings_from_args(args)
     setup_logging(args.verbose)
-    from otel_gpu.agent import Agent, acquire_node_lock
-    from otel_gpu.export import close_all, meter_provider, shutdown_provider
-    from otel_gpu.watchdog import DetectionSettings
+    from otel_gpu.agent.agent import Agent, acquire_node_lock
+    from otel_gpu.agent.export import meter_provider
+    from otel_gpu.agent.watchdog import DetectionSettings
+    from otel_gpu.core.shutdown import close_all, shutdown_provider
 
     # Resolved now: a bad OTEL_GPU_* setting refuses to start, never runs the job unwatched.
     detection = DetectionSettings.load() if settings.detect else None

@@ -26,8 +26,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from otel_gpu.core.settings import Setting, number, resolve
 from otel_gpu.detect.model import Alert
-from otel_gpu.settings import Setting, number, resolve
 
 CLOSED = "closed"
 OPEN = "open"

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from otel_gpu.detect.config import DetectConfig
 from otel_gpu.detect.model import Alert, Point
+from otel_gpu.detect.settings import DetectConfig
 
 NO_ALERTS: tuple[Alert, ...] = ()  # the common answer, shared to spare an allocation per point
 

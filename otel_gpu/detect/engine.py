@@ -18,11 +18,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from otel_gpu.detect.config import DetectConfig
 from otel_gpu.detect.detector import Condition, Detector
 from otel_gpu.detect.floor import FloorTrend
 from otel_gpu.detect.leak import LeakDetector
 from otel_gpu.detect.model import NUMERIC_FIELDS, Alert, Point
+from otel_gpu.detect.settings import DetectConfig
 from otel_gpu.detect.stall import StallDetector
 from otel_gpu.detect.threshold import AnomalyDetector, ThresholdDetector
 

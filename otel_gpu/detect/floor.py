@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from otel_gpu.detect.config import DetectConfig
+from otel_gpu.detect.settings import DetectConfig
 
 LEVEL_FACTOR = 4
 LEVELS = 4

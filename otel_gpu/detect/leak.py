@@ -35,7 +35,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from otel_gpu.detect.config import DetectConfig
+from otel_gpu.core.units import duration
 from otel_gpu.detect.detector import NO_ALERTS, Condition, gb
 from otel_gpu.detect.floor import (
     LEVEL_FACTOR,
@@ -51,7 +51,7 @@ from otel_gpu.detect.floor import (
     theil_sen,
 )
 from otel_gpu.detect.model import LEAK, PHASE_EVALUATE, PHASE_LOAD, PHASE_SAVE, Alert, Point
-from otel_gpu.units import duration
+from otel_gpu.detect.settings import DetectConfig
 
 WINDOWS = (16, 32)
 _SKIP_PHASES = frozenset((PHASE_LOAD, PHASE_EVALUATE, PHASE_SAVE))

@@ -24,10 +24,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from otel_gpu.detect.config import DetectConfig
+from otel_gpu.core.units import duration
 from otel_gpu.detect.detector import NO_ALERTS, Condition, gb
 from otel_gpu.detect.model import PHASE_EVALUATE, PHASE_LOAD, PHASE_SAVE, STALL, Alert, Point
-from otel_gpu.units import duration
+from otel_gpu.detect.settings import DetectConfig
 
 _QUIET_PHASES = frozenset((PHASE_LOAD, PHASE_EVALUATE, PHASE_SAVE))
 _GIB = float(1 << 30)

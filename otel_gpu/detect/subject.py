@@ -12,7 +12,7 @@ for people reading a dashboard.
 
 from __future__ import annotations
 
-from otel_gpu.signals import (
+from otel_gpu.core.signals import (
     GPU,
     GPU_INDEX,
     HW_ID,

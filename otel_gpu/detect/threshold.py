@@ -11,9 +11,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from otel_gpu.detect.config import DetectConfig
 from otel_gpu.detect.detector import NO_ALERTS, Condition
 from otel_gpu.detect.model import ANOMALY, HARDWARE, THRESHOLD, Alert, Point
+from otel_gpu.detect.settings import DetectConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
+from otel_gpu.core.errors import UsageError
 from otel_gpu.detect.engine import Engine
 from otel_gpu.detect.model import NUMERIC_FIELDS, Alert, Point, point
-from otel_gpu.errors import UsageError
 
 REQUIRED = ("time_s", "used_bytes", "limit_bytes")
 # Every column a detector reads (NUMERIC_FIELDS starts with used_bytes, limit_bytes), and a

@@ -20,11 +20,11 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from otel_gpu.core.errors import UsageError
+from otel_gpu.core.settings import Setting, number, resolve
 from otel_gpu.detect.breaker import CLOSED, OPEN, Breaker, BreakerConfig, Transition
 from otel_gpu.detect.model import HARDWARE, LEAK, Alert
-from otel_gpu.errors import UsageError
 from otel_gpu.sampling.snapshot import STATUS_FAILED, Snapshot
-from otel_gpu.settings import Setting, number, resolve
 
 # Xids after which NVIDIA's documentation says the GPU needs a reset (or the node a reboot):
 # 48 double-bit ECC error, 74 NVLink error, 79 GPU has fallen off the bus, 94/95 contained /

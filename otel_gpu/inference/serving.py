@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from otel_gpu.core.settings import Setting, number, resolve
 from otel_gpu.detect.model import PHASE_LOAD, STALL, THRESHOLD, Alert
 from otel_gpu.inference.engines import ServerState
-from otel_gpu.settings import Setting, number, resolve
 
 SERVER_SUBJECT = "server"
 STALL_ENV = "OTEL_GPU_READY_STALL"

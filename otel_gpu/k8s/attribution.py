@@ -29,11 +29,11 @@ from collections.abc import Callable, Mapping
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from otel_gpu.agent.labels import NO_LABELS, SeriesLabels
 from otel_gpu.k8s.node_map import ORPHAN_REASON, POD_GONE, POD_UID, Identity, Row, map_node
 from otel_gpu.k8s.pod import read_cgroup
 from otel_gpu.k8s.podlogs import PodDir, read_pod_logs
 from otel_gpu.k8s.podresources import Allocation, PodResourcesClient
-from otel_gpu.labels import NO_LABELS, SeriesLabels
 from otel_gpu.sampling.snapshot import Snapshot
 
 log = logging.getLogger("otel_gpu.k8s")

@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from otel_gpu.agent.labels import Extra, SeriesLabels
 from otel_gpu.k8s.podlogs import PodDir
 from otel_gpu.k8s.podresources import Allocation
-from otel_gpu.labels import Extra, SeriesLabels
 from otel_gpu.sampling.snapshot import Snapshot
 
 Row = tuple[float, dict[str, Any]]

@@ -6,7 +6,7 @@ the detection engine fleet-wide on the GPU series in it.
     p.start(); ...; p.stop()
 """
 
-from otel_gpu.processor.config import Downstream, ProcessorConfig
 from otel_gpu.processor.server import Processor
+from otel_gpu.processor.settings import Downstream, ProcessorConfig
 
 __all__ = ["Downstream", "Processor", "ProcessorConfig"]

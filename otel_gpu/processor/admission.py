@@ -14,8 +14,8 @@ from typing import Any
 
 import grpc
 
-from otel_gpu.processor.config import ProcessorConfig
 from otel_gpu.processor.memlimit import MemoryLimiter
+from otel_gpu.processor.settings import ProcessorConfig
 
 
 class Refused(Exception):

@@ -36,10 +36,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from otel_gpu.detect.model import ROW_FIELDS
-from otel_gpu.detect.subject import GPU, GPU_INDEX_PREFIX, PROCESS_GPU, TORCH
-from otel_gpu.processor.wire import MetricsRequestView, NumberDataPointView, NumberDataRawView
-from otel_gpu.signals import (
+from otel_gpu.core.signals import (
     COUNT,
     FEEDS,
     GPU_INDEX,
@@ -49,6 +46,9 @@ from otel_gpu.signals import (
     PROCESS_PID,
     VALUE,
 )
+from otel_gpu.detect.model import ROW_FIELDS
+from otel_gpu.detect.subject import GPU, GPU_INDEX_PREFIX, PROCESS_GPU, TORCH
+from otel_gpu.processor.wire import MetricsRequestView, NumberDataPointView, NumberDataRawView
 
 # Subject kinds (detect/subject.py; JOB: training.phase / training.step of a resource).
 DEVICE = GPU

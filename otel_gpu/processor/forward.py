@@ -28,8 +28,8 @@ from typing import Any
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
-from otel_gpu.processor.config import Downstream
 from otel_gpu.processor.queue import ForwardQueue
+from otel_gpu.processor.settings import Downstream
 from otel_gpu.processor.telemetry import SIGNALS
 from otel_gpu.processor.wire import PartialSuccessView
 

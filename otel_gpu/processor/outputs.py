@@ -1,5 +1,5 @@
 """What the processor itself sends downstream: alerts and transitions as OTLP log records, and
-detector metrics (contract names from DESIGN.md):
+detector metrics (contract names in the README's Metrics tables):
 
 - ``otel_gpu.leak.rate`` (gauge, By/s) and ``otel_gpu.memory.time_to_exhaustion`` (gauge, s):
   the engine's current estimates while the subject's leak is active (counting down with the
@@ -33,10 +33,8 @@ from opentelemetry.proto.logs.v1.logs_pb2 import (
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_CUMULATIVE
 
 from otel_gpu import __version__
-from otel_gpu.detect.breaker import OPEN, Transition
-from otel_gpu.detect.model import Alert
-from otel_gpu.redact import redact_text
-from otel_gpu.signals import (
+from otel_gpu.core.redact import redact_text
+from otel_gpu.core.signals import (
     ALERT_CONFIDENCE,
     ALERT_EVENT,
     ALERT_EVIDENCE,
@@ -54,6 +52,8 @@ from otel_gpu.signals import (
     TRANSITION_EVENT,
     Signal,
 )
+from otel_gpu.detect.breaker import OPEN, Transition
+from otel_gpu.detect.model import Alert
 
 SCOPE_NAME = "otel_gpu.processor"
 

@@ -30,8 +30,8 @@ from otel_gpu.detect.engine import Engine
 from otel_gpu.detect.model import LEAK, Alert, Point
 from otel_gpu.processor import outputs
 from otel_gpu.processor.assemble import Assembler, Subject
-from otel_gpu.processor.config import ProcessorConfig
 from otel_gpu.processor.decode import Decoded, MetricsDecoder
+from otel_gpu.processor.settings import ProcessorConfig
 from otel_gpu.processor.store import Batch, StateStore
 from otel_gpu.processor.watched import WatchedSubjects
 from otel_gpu.processor.wire import LOGS_EXPORT, METRICS_EXPORT

@@ -1,6 +1,6 @@
 """``otel-gpu processor --prometheus HOST:PORT``: the processor's outputs as a Prometheus
 ``/metrics`` endpoint, served by the OpenTelemetry Prometheus exporter (the agent's
-:class:`otel_gpu.export.ScrapeEndpoint`, private registry).
+:class:`otel_gpu.core.prometheus.ScrapeEndpoint`, private registry).
 
 What it serves is exactly what the processor sends downstream as OTLP metrics: its detector
 metrics (``otel_gpu.leak.rate``, ``otel_gpu.memory.time_to_exhaustion``,
@@ -36,8 +36,9 @@ from opentelemetry.sdk.metrics import (
 from opentelemetry.sdk.resources import Resource
 
 from otel_gpu import __version__
-from otel_gpu.export import ScrapeEndpoint, shutdown_provider
-from otel_gpu.processor.config import parse_hostport
+from otel_gpu.core.addresses import parse_hostport
+from otel_gpu.core.prometheus import ScrapeEndpoint
+from otel_gpu.core.shutdown import shutdown_provider
 from otel_gpu.processor.outputs import SCOPE_NAME
 
 # Sources of published requests; each replaces only its own points.

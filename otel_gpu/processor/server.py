@@ -33,16 +33,11 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from otel_gpu.core.addresses import format_hostport, parse_hostport
+from otel_gpu.core.errors import UsageError
 from otel_gpu.detect.breaker import Breaker, BreakerConfig
 from otel_gpu.detect.engine import Engine
-from otel_gpu.errors import UsageError
 from otel_gpu.processor.admission import Admission, Refused
-from otel_gpu.processor.config import (
-    ProcessorConfig,
-    bind_problem,
-    format_hostport,
-    parse_hostport,
-)
 from otel_gpu.processor.datamodel import count_items, histogram_violations
 from otel_gpu.processor.decode import strip_rejected
 from otel_gpu.processor.forward import Forwarder
@@ -51,6 +46,7 @@ from otel_gpu.processor.memlimit import MemoryLimiter
 from otel_gpu.processor.pipeline import Actions, Detection
 from otel_gpu.processor.queue import DiskQueue, ForwardQueue, MemoryQueue, queue_file
 from otel_gpu.processor.scrape import DETECTOR, TELEMETRY, ProcessorScrape
+from otel_gpu.processor.settings import ProcessorConfig, bind_problem
 from otel_gpu.processor.store import StateStore
 from otel_gpu.processor.telemetry import SIGNALS, self_metrics_request
 from otel_gpu.processor.wire import (

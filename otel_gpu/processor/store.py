@@ -31,9 +31,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from otel_gpu.core.errors import UsageError
 from otel_gpu.detect.breaker import Transition
 from otel_gpu.detect.model import Alert
-from otel_gpu.errors import UsageError
 
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
+from otel_gpu.core.signals import BREAKER_STATE, HW_ID, PROCESS_PID
 from otel_gpu.detect.subject import SUBJECT_KIND
 from otel_gpu.processor.assemble import subject_name
 from otel_gpu.processor.decode import ResourceInfo, resource_info
 from otel_gpu.processor.wire import MetricsRequestView, NumberDataPointView, NumberDataRawView
-from otel_gpu.signals import BREAKER_STATE, HW_ID, PROCESS_PID
 
 AGENT_METRIC = BREAKER_STATE.name
 _NEEDLE = AGENT_METRIC.encode()

@@ -1,7 +1,7 @@
 """The job a process belongs to and its place in it, from the environment its launcher set.
 
 ``service.instance.id`` names the job: one id shared by its processes
-(:mod:`otel_gpu.job_identity`).
+(:mod:`otel_gpu.core.job_identity`).
 torchrun / torch.distributed (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
 ``GROUP_RANK`` or ``NODE_RANK``, ``TORCHELASTIC_RUN_ID``), Slurm (``SLURM_*``) and Kubernetes
 (``POD_NAME`` / ``POD_NAMESPACE`` / ``NODE_NAME`` from the downward API, else ``HOSTNAME`` and
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from opentelemetry.sdk.resources import Resource, ResourceDetector
 from opentelemetry.util.types import AttributeValue
 
-from otel_gpu.job_identity import SERVICE_INSTANCE_ID, instance_id
+from otel_gpu.core.job_identity import SERVICE_INSTANCE_ID, instance_id
 
 log = logging.getLogger("otel_gpu.resource")
 

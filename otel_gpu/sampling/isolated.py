@@ -66,7 +66,7 @@ class SamplerSpec:
     discovery_period_s: float = 5.0
     roots: tuple[int, ...] = ()
     skip_pids: tuple[int, ...] = ()  # PIDs whose /proc reads hung in an earlier helper
-    process_command: str = "redacted"  # OTEL_GPU_PROCESS_COMMAND (otel_gpu.redact)
+    process_command: str = "redacted"  # OTEL_GPU_PROCESS_COMMAND (otel_gpu.core.redact)
     log_level: int = logging.WARNING
     parent_pid: int = 0
 

@@ -3,7 +3,7 @@
 Each rule returns the value to report and, when the reading was odd, a short description for
 the log (NvmlSource logs it once per device and metric). The README's "Odd values" table
 documents the same rules; a counter that goes backwards is handled where series are exported
-(otel_gpu/series.py: a new start time).
+(otel_gpu/agent/series.py: a new start time).
 
 * utilization (device, engines, per process) above 100 %: unknown. A share of time cannot
   exceed the whole; clamping to 100 % would report a busy GPU that may be idle, and a hung

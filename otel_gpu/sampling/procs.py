@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from otel_gpu.redact import COMMAND_MODES, COMMAND_OFF, COMMAND_REDACTED, command_attribute
+from otel_gpu.core.redact import COMMAND_MODES, COMMAND_OFF, COMMAND_REDACTED, command_attribute
 from otel_gpu.sampling.procfs import (
     CLK_TCK,
     PAGE_SIZE,
@@ -119,7 +119,7 @@ class ProcessTree:
         never read (an earlier sampler hung reading them). ``command_mode``
         (``OTEL_GPU_PROCESS_COMMAND``): ``process.command`` is the command line with
         credentials masked (``redacted``), the program only (``executable``) or absent
-        (``off``); see :mod:`otel_gpu.redact`."""
+        (``off``); see :mod:`otel_gpu.core.redact`."""
         if max_processes < 1:
             raise ValueError("max_processes must be >= 1")
         if command_mode not in COMMAND_MODES:

@@ -3,7 +3,7 @@
 Kept free of the OpenTelemetry SDK so a launcher process, which only needs these, stays cheap.
 
 Under ``opentelemetry-instrument`` every Python process of a job loads the SDK: the ``swift``
-launcher, torchrun's agent, each rank, spawned workers (FIELD-NOTES §1, §4). :func:`decide_role`
+launcher, torchrun's agent, each rank, spawned workers (docs/background.md §1, §4). :func:`decide_role`
 sorts them from the command line and the environment alone (pure, table-tested).
 
 One trace per run: the first instrumented process of a job (usually the launcher) picks the

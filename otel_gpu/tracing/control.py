@@ -3,7 +3,7 @@
 :func:`request_stop` only sets a flag. The trainer's callback checks it at the end of each
 optimizer step; under DDP all ranks first agree through one all-reduce (MAX) of one integer
 every ``OTEL_GPU_STOP_SYNC_STEPS`` steps, because a stop taken by one rank alone deadlocks the
-others in the next collective or in the checkpoint barrier (FIELD-NOTES §5). Then every rank
+others in the next collective or in the checkpoint barrier (docs/background.md §5). Then every rank
 saves the checkpoint and leaves the training loop at that same step.
 
 No signal handler is installed, so this coexists with ms-swift's ``graceful_exit`` callback and

@@ -4,7 +4,7 @@ Post-import hooks, so a process that never imports transformers pays nothing:
 
 - on ``transformers.trainer_callback``: wrap ``CallbackHandler.__init__`` to append one
   :class:`OtelGpuTrainerCallback`. Every Trainer builds its handler there, ms-swift's and TRL's
-  included, and this survives ms-swift replacing ``DEFAULT_CALLBACKS`` (FIELD-NOTES §5);
+  included, and this survives ms-swift replacing ``DEFAULT_CALLBACKS`` (docs/background.md §5);
 - on ``transformers.trainer``: wrap ``Trainer.train``, ``evaluate`` and ``_save_checkpoint``
   with ``*args, **kwargs`` wrappers (signature-agnostic across versions) that time those phases
   and end the spans in error when training raises (``on_train_end`` is skipped then).

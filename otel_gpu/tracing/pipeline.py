@@ -6,7 +6,8 @@ variables and their entry points, and read their own ``OTEL_EXPORTER_OTLP_*`` se
 
 Shutdown is bounded by ``OTEL_GPU_SHUTDOWN_TIMEOUT`` (default 5 s) even with the collector
 down: the agent and the three providers are flushed in parallel on daemon threads that are
-abandoned at the deadline (the SDK's own exit handlers took ~43 s in that case, FIELD-NOTES §2).
+abandoned at the deadline (:mod:`otel_gpu.core.shutdown`; the SDK's own exit handlers took
+~43 s in that case).
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ import atexit
 import logging
 import os
 import sys
-import threading
-import time
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -36,11 +36,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.util._importlib_metadata import entry_points
 
-from otel_gpu.config import Settings
-from otel_gpu.errors import UsageError
-from otel_gpu.redact_sdk import RedactingLogProcessor, redact_resource
+from otel_gpu.core.errors import UsageError
+from otel_gpu.core.redact import COMMAND_REDACTED
+from otel_gpu.core.redact_sdk import RedactingLogProcessor, redact_resource
+from otel_gpu.core.shutdown import close_all
 from otel_gpu.tracing import context, ids, progress
-from otel_gpu.tracing.control import request_stop
 
 log = logging.getLogger("otel_gpu.distro")
 
@@ -57,18 +57,25 @@ class Setup:
         self.shutdown_timeout_s = 5.0
 
 
-def build(role: str, auto_instrumentation_version: str | None = None) -> Setup:
-    """Providers, exporters, training instruments and (``node``) the node agent; global."""
+def build(
+    role: str,
+    auto_instrumentation_version: str | None = None,
+    *,
+    shutdown_timeout_s: float = 5.0,
+    process_command: str = COMMAND_REDACTED,
+) -> Setup:
+    """Providers, exporters and training instruments, set as the global ones. The node agent
+    of a ``node`` process is composed by :mod:`otel_gpu.distro`, which sets ``Setup.agent``.
+    ``process_command``: what the resource's command attributes hold (``OTEL_GPU_PROCESS_COMMAND``)."""
     setup = Setup(role)
-    agent_settings = Settings.load()  # validates the agent's OTEL_GPU_* too: one error, up front
-    setup.shutdown_timeout_s = agent_settings.shutdown_timeout_s
+    setup.shutdown_timeout_s = shutdown_timeout_s
     progress.mark_load_started()
     if context.is_training_command(sys.orig_argv):
         progress.expect_training()
     attributes: dict[str, Any] = {"process.pid": os.getpid()}
     if auto_instrumentation_version:
         attributes["telemetry.auto.version"] = auto_instrumentation_version
-    resource = redact_resource(Resource.create(attributes), agent_settings.process_command)
+    resource = redact_resource(Resource.create(attributes), process_command)
 
     tracer_provider = TracerProvider(
         resource=resource, id_generator=ids.PresetIdGenerator(), shutdown_on_exit=False
@@ -99,16 +106,6 @@ def build(role: str, auto_instrumentation_version: str | None = None) -> Setup:
     progress.register(meter_provider)
     _hook_torch(meter_provider)
     atexit.register(shutdown, setup)
-    if role == context.NODE:
-        from otel_gpu.agent import start_in_process
-        from otel_gpu.watchdog import InProcessTrainer
-
-        # Under torchrun the parent is torchrun's agent, whose children are all local ranks:
-        # watch that tree, so sibling ranks' host memory and CPU are covered too.
-        # (TORCHELASTIC_RUN_ID is set by torchrun's agent; a stray LOCAL_RANK in a shell is not.)
-        roots = [os.getppid()] if os.environ.get("TORCHELASTIC_RUN_ID") else None
-        trainer = InProcessTrainer(progress.current_phase, progress.current_step, request_stop)
-        setup.agent = start_in_process(meter_provider, agent_settings, roots, trainer)
     return setup
 
 
@@ -153,7 +150,7 @@ def _exporters(signal: str) -> list[Any]:
 class _OwnerOnly(MetricExporter):
     """Exports only from the process that configured it.
 
-    After ``fork()`` the SDK restarts the metric reader's thread in the child (FIELD-NOTES §2),
+    After ``fork()`` the SDK restarts the metric reader's thread in the child (docs/background.md §2),
     which would send the parent's series again under the parent's resource from every
     DataLoader worker. The child's exports are dropped here.
     """
@@ -184,18 +181,19 @@ def shutdown(setup: Setup) -> None:
     """Flush and stop everything within ``setup.shutdown_timeout_s`` in total."""
     if os.getpid() != _configured_pid:
         return  # a forked child: the parent owns the exporters
-    deadline = time.monotonic() + setup.shutdown_timeout_s
-    timeout_ms = setup.shutdown_timeout_s * 1000
-    steps = []
+    timeout_s = setup.shutdown_timeout_s
+    timeout_ms = timeout_s * 1000
+    steps: list[tuple[str, Callable[[float], object]]] = []
     if setup.agent is not None:
-        steps.append(lambda: setup.agent.shutdown(setup.shutdown_timeout_s))
+        steps.append(("agent", lambda t: setup.agent.shutdown(t)))
     if setup.tracer_provider is not None:
-        steps.append(setup.tracer_provider.shutdown)
+        steps.append(("traces", lambda _t: setup.tracer_provider.shutdown()))  # type: ignore[union-attr]
     if setup.meter_provider is not None:
-        steps.append(lambda: _shutdown_meters(setup, timeout_ms))
+        steps.append(("metrics", lambda _t: _shutdown_meters(setup, timeout_ms)))
     if setup.logger_provider is not None:
-        steps.append(setup.logger_provider.shutdown)
-    _bounded(steps, deadline)
+        steps.append(("logs", lambda _t: setup.logger_provider.shutdown()))  # type: ignore[union-attr]
+    if not close_all(steps, timeout_s):
+        log.warning("otel-gpu: telemetry not fully flushed at exit (collector unreachable?)")
 
 
 def _shutdown_meters(setup: Setup, timeout_ms: float) -> None:
@@ -208,21 +206,3 @@ def _shutdown_meters(setup: Setup, timeout_ms: float) -> None:
 
 
 _configured_pid = os.getpid()
-
-
-def _bounded(steps: list[Any], deadline: float) -> None:
-    """Run ``steps`` in parallel on daemon threads; stop waiting at ``deadline``."""
-    threads = [threading.Thread(target=_quietly, args=(s,), daemon=True) for s in steps]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    if any(t.is_alive() for t in threads):
-        log.warning("otel-gpu: telemetry not fully flushed at exit (collector unreachable?)")
-
-
-def _quietly(step: Any) -> None:
-    try:
-        step()
-    except Exception as exc:
-        log.debug("shutdown step failed: %s", exc)

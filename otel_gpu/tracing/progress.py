@@ -3,7 +3,7 @@
 The job's threads only assign Python variables here (:func:`set_step`, :func:`push_phase`);
 the observable callbacks run on the metric reader's thread and read those variables. Every
 callback checks that it runs in the process that set the values up: a forked DataLoader worker
-inherits the SDK, whose reader thread restarts after ``fork()`` (FIELD-NOTES §2), and must not
+inherits the SDK, whose reader thread restarts after ``fork()`` (docs/background.md §2), and must not
 export duplicates.
 
 ``training.phase`` is a state set, like semconv's ``hw.status``: one point per known phase,
@@ -23,8 +23,7 @@ from typing import Any
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
-from otel_gpu.detect.model import PHASE_EVALUATE, PHASE_LOAD, PHASE_SAVE, PHASE_TRAIN
-from otel_gpu.signals import (
+from otel_gpu.core.signals import (
     GPU_INDEX,
     HW_ID,
     PHASE,
@@ -35,6 +34,7 @@ from otel_gpu.signals import (
     TRAINING_STEP,
     observable,
 )
+from otel_gpu.detect.model import PHASE_EVALUATE, PHASE_LOAD, PHASE_SAVE, PHASE_TRAIN
 
 log = logging.getLogger("otel_gpu.tracing")
 

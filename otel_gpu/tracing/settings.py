@@ -1,6 +1,6 @@
 """Tracing settings: ``OTEL_GPU_*`` environment > default, declared once, validated once.
 
-A bad value raises :class:`~otel_gpu.errors.UsageError` naming the variable and what it accepts.
+A bad value raises :class:`~otel_gpu.core.errors.UsageError` naming the variable and what it accepts.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from otel_gpu.settings import Setting, boolean, choice, number, resolve
+from otel_gpu.core.settings import Setting, boolean, choice, number, resolve
 from otel_gpu.tracing.environment_variables import (
     OTEL_GPU_ROLE,
     OTEL_GPU_STEP_SPANS_EVERY,

@@ -8,7 +8,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry._logs import SeverityNumber, get_logger
 
-from otel_gpu.redact import redact_text
+from otel_gpu.core.redact import redact_text
 from otel_gpu.tracing.control import StopDecision
 
 log = logging.getLogger("otel_gpu.stop")

@@ -1,0 +1,218 @@
+"""The agent's own health: ``otel_gpu.agent.agent.*`` self-metrics and the export outcome they read.
+
+An agent that has gone blind must say so. These instruments report how fresh sampling is, what
+it costs, what NVML refused and what the exporter could not deliver; ``/healthz``
+(:mod:`otel_gpu.agent.health`) reads the same state. Callbacks read counters kept by the sampler and
+by :class:`CountingExporter` only: no NVML, no /proc.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+
+from otel_gpu.core.export_log import count_points
+from otel_gpu.sampling.snapshot import Snapshot
+
+
+class SamplingState(Protocol):
+    """What the self-metrics read of a sampler (thread or helper process)."""
+
+    restarts: int
+    stale_after_s: float
+
+    @property
+    def latest(self) -> Snapshot | None: ...
+
+    def fresh(self) -> Snapshot | None: ...
+
+    def age(self) -> float: ...
+
+    def nvml_errors(self) -> dict[str, int]: ...
+
+
+class ExportHealth:
+    """Outcome of metric exports: counts, and since when they have been failing."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.exports = 0
+        self.failures = 0
+        self.dropped_points = 0
+        self.rejected_points = 0  # in partial successes: the collector took the rest
+        self.failing_since: float | None = None  # monotonic time of the first failure in a row
+
+    def record(self, ok: bool, points: int) -> None:
+        with self._lock:
+            self.exports += 1
+            if ok:
+                self.failing_since = None
+                return
+            self.failures += 1
+            self.dropped_points += points
+            if self.failing_since is None:
+                self.failing_since = self._clock()
+
+    def record_rejected(self, points: int) -> None:
+        with self._lock:
+            self.rejected_points += points
+
+    def failing_for(self) -> float:
+        """Seconds exports have been failing without a success in between (0: not failing)."""
+        since = self.failing_since
+        return 0.0 if since is None else max(0.0, self._clock() - since)
+
+
+class CountingExporter(MetricExporter):
+    """Wraps a metric exporter and records each export's outcome in an :class:`ExportHealth`."""
+
+    def __init__(self, inner: MetricExporter, health: ExportHealth) -> None:
+        super().__init__(
+            preferred_temporality=inner._preferred_temporality,
+            preferred_aggregation=inner._preferred_aggregation,
+        )
+        self._inner = inner
+        self._health = health
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        try:
+            result = self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+        except Exception:
+            result = MetricExportResult.FAILURE
+        ok = result == MetricExportResult.SUCCESS
+        self._health.record(ok, 0 if ok else count_points(metrics_data))
+        return result
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self._inner.force_flush(timeout_millis=timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+@dataclass(frozen=True)
+class SelfInstrument:
+    name: str
+    kind: str  # gauge | counter
+    unit: str
+    description: str
+    read: Callable[[SamplingState, ExportHealth], Iterable[Observation]]
+
+
+def _sweep_duration(s: SamplingState, _e: ExportHealth) -> Iterable[Observation]:
+    snap = s.fresh()
+    if snap is not None and snap.sweep_seconds is not None:
+        yield Observation(snap.sweep_seconds)
+
+
+def _gpu_read_duration(s: SamplingState, _e: ExportHealth) -> Iterable[Observation]:
+    snap = s.fresh()
+    for g in snap.gpus if snap is not None else ():
+        if g.read_seconds is not None:
+            yield Observation(g.read_seconds, {"hw.id": g.uuid})
+
+
+def _snapshot_age(s: SamplingState, _e: ExportHealth) -> Iterable[Observation]:
+    yield Observation(s.age())
+
+
+def _nvml_errors(s: SamplingState, _e: ExportHealth) -> Iterable[Observation]:
+    for name, count in sorted(s.nvml_errors().items()):
+        yield Observation(count, {"error.type": name})
+
+
+INSTRUMENTS: Sequence[SelfInstrument] = (
+    SelfInstrument(
+        "otel_gpu.agent.sweep.duration",
+        "gauge",
+        "s",
+        "Wall time of the last NVML + /proc sweep",
+        _sweep_duration,
+    ),
+    SelfInstrument(
+        "otel_gpu.agent.gpu.read.duration",
+        "gauge",
+        "s",
+        "Wall time the last sweep spent reading each GPU (hw.id); left out for a GPU whose "
+        "read was abandoned (hung) or that is lost",
+        _gpu_read_duration,
+    ),
+    SelfInstrument(
+        "otel_gpu.agent.snapshot.age",
+        "gauge",
+        "s",
+        "Seconds since the last snapshot arrived (since start before the first); above 3 "
+        "sampling intervals the device and process metrics are not exported (stale)",
+        _snapshot_age,
+    ),
+    SelfInstrument(
+        "otel_gpu.agent.nvml.errors",
+        "counter",
+        "{error}",
+        "NVML call failures by error name (error.type), since the agent started",
+        _nvml_errors,
+    ),
+    SelfInstrument(
+        "otel_gpu.agent.sampler.restarts",
+        "counter",
+        "{restart}",
+        "Sampling helper processes restarted after a crash, exit or hang",
+        lambda s, _e: [Observation(s.restarts)],
+    ),
+    SelfInstrument(
+        "otel_gpu.agent.export.failures",
+        "counter",
+        "{export}",
+        "Metric exports that failed (collector down, refused, timed out)",
+        lambda _s, e: [Observation(e.failures)],
+    ),
+    SelfInstrument(
+        "otel_gpu.agent.export.dropped_points",
+        "counter",
+        "{point}",
+        "Data points in failed metric exports (lost)",
+        lambda _s, e: [Observation(e.dropped_points)],
+    ),
+    SelfInstrument(
+        "otel_gpu.agent.export.rejected_points",
+        "counter",
+        "{point}",
+        "Data points a collector rejected in a partial success (not sent again)",
+        lambda _s, e: [Observation(e.rejected_points)],
+    ),
+)
+
+
+def register(meter: Meter, sampling: SamplingState, exports: ExportHealth) -> list[Any]:
+    """Create the self-metric instruments; callbacks return nothing in a forked child."""
+    owner = os.getpid()
+    created = []
+    for spec in INSTRUMENTS:
+
+        def callback(options: CallbackOptions, spec: SelfInstrument = spec) -> list[Observation]:
+            if os.getpid() != owner:
+                return []
+            try:
+                return list(spec.read(sampling, exports))
+            except Exception:
+                return []
+
+        make = (
+            meter.create_observable_gauge
+            if spec.kind == "gauge"
+            else meter.create_observable_counter
+        )
+        created.append(
+            make(spec.name, callbacks=[callback], unit=spec.unit, description=spec.description)
+        )
+    return created

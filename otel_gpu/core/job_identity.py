@@ -1,0 +1,157 @@
+"""One ``service.instance.id`` per job, shared by every process of the job.
+
+A fleet gateway keeps a job's series on one processor replica by hashing the resource
+attributes that name the job (``collector-config/otelcol-gateway.yaml``), and the processor joins
+a trainer's ``training.phase`` with the GPUs an agent process beside it reports only when both
+resources name the same job. So the wrapper (``otel-gpu run``), the instrumented trainer, its
+child processes and its forked DataLoader workers must all report the same id.
+
+The id travels in ``OTEL_RESOURCE_ATTRIBUTES``, the variable every OpenTelemetry SDK reads:
+:func:`ensure_instance_id` appends ``service.instance.id=<UUID4>`` there unless the user already
+gave one (theirs always wins). ``otel-gpu run`` does it for the job's environment, and the
+distro does it in an instrumented process without a wrapper, so the processes it starts
+inherit the id too. ``watch`` and ``sidecar`` get one id per agent process
+(:func:`instance_id`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import uuid
+from collections.abc import Mapping, MutableMapping, Sequence
+from urllib.parse import quote, unquote
+
+RESOURCE_ATTRIBUTES_ENV = "OTEL_RESOURCE_ATTRIBUTES"
+SERVICE_NAME_ENV = "OTEL_SERVICE_NAME"
+SERVICE_INSTANCE_ID = "service.instance.id"
+SERVICE_NAME = "service.name"
+
+_lock = threading.Lock()
+_process_id: str | None = None
+
+
+def resource_attributes(env: Mapping[str, str]) -> dict[str, str]:
+    """``OTEL_RESOURCE_ATTRIBUTES`` of ``env`` read the way the OpenTelemetry SDK reads it:
+    comma-separated ``key=value`` items, values percent-decoded, an item without ``=``
+    skipped, and the last of repeated keys kept."""
+    attrs: dict[str, str] = {}
+    for item in env.get(RESOURCE_ATTRIBUTES_ENV, "").split(","):
+        key, sep, value = item.partition("=")
+        if sep:
+            attrs[key.strip()] = unquote(value.strip())
+    return attrs
+
+
+def given_instance_id(env: Mapping[str, str]) -> str | None:
+    """The ``service.instance.id`` the user (or a wrapper) put in ``OTEL_RESOURCE_ATTRIBUTES``,
+    or None. An empty value is no id."""
+    return resource_attributes(env).get(SERVICE_INSTANCE_ID) or None
+
+
+def given_service_name(env: Mapping[str, str]) -> str | None:
+    """The service name the SDK would take from ``env``: ``OTEL_SERVICE_NAME``, else the
+    ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``; None when neither is set."""
+    return (
+        env.get(SERVICE_NAME_ENV, "").strip() or resource_attributes(env).get(SERVICE_NAME) or None
+    )
+
+
+def ensure_instance_id(env: MutableMapping[str, str]) -> str:
+    """The job's id in ``env``, first appended to its ``OTEL_RESOURCE_ATTRIBUTES`` (a new
+    UUID4) when none is there.
+
+    What was there is kept as written, malformed items included: the id is appended after a
+    comma (none doubled), percent-encoded as the specification asks of values.
+    """
+    given = given_instance_id(env)
+    if given is not None:
+        return given
+    new = str(uuid.uuid4())
+    existing = env.get(RESOURCE_ATTRIBUTES_ENV, "").rstrip()
+    item = f"{SERVICE_INSTANCE_ID}={quote(new, safe='')}"
+    if not existing.strip():
+        env[RESOURCE_ATTRIBUTES_ENV] = item
+    elif existing.endswith(","):
+        env[RESOURCE_ATTRIBUTES_ENV] = existing + item
+    else:
+        env[RESOURCE_ATTRIBUTES_ENV] = f"{existing},{item}"
+    return new
+
+
+def instance_id(env: Mapping[str, str]) -> str:
+    """The id ``env`` gives, else one UUID4 for this process, chosen on first use.
+
+    Not regenerated in a forked child: a DataLoader worker is part of its parent's job.
+    """
+    given = given_instance_id(env)
+    if given is not None:
+        return given
+    global _process_id
+    with _lock:
+        if _process_id is None:
+            _process_id = str(uuid.uuid4())
+        return _process_id
+
+
+def default_service_name(command: Sequence[str] | None = None) -> str:
+    """The service name the environment gives (``OTEL_SERVICE_NAME``, else ``service.name`` in
+    ``OTEL_RESOURCE_ATTRIBUTES``), else the watched command's program name."""
+    name = given_service_name(os.environ)
+    if name:
+        return name
+    return program_name(command or ()) or "otel-gpu"
+
+
+# Programs that only launch the one that names the job: `opentelemetry-instrument python -u
+# train.py` is the job "train", not "opentelemetry-instrument".
+_LAUNCHERS = frozenset({"opentelemetry-instrument", "env", "nohup", "time", "exec"})
+_PYTHON = re.compile(r"^python[0-9.]*$")
+
+
+def program_name(command: Sequence[str]) -> str:
+    """The name of the program a command runs, past launchers and the interpreter: the script's
+    stem (``train`` for ``python train.py``), the module (``python -m swift.cli.sft``) or the
+    program itself (``swift``, ``torchrun``; ``python`` for ``python -c CODE``: code is no name,
+    and may hold anything)."""
+    words = list(command)
+    while words and (os.path.basename(words[0]) in _LAUNCHERS or "=" in words[0]):
+        words.pop(0)  # a launcher, or one of env's NAME=value words
+        while words and words[0].startswith("-"):
+            words.pop(0)  # the launcher's own flags (time -p, env -i)
+    if not words:
+        return ""
+    name = os.path.basename(words[0])
+    if _PYTHON.match(name):
+        return _python_target(name, words[1:])
+    return name.removesuffix(".py") or name
+
+
+# The interpreter's options whose value follows, in the same word (-Wignore) or the next.
+_PYTHON_VALUE_OPTIONS = "cmWX"
+
+
+def _python_target(interpreter: str, args: Sequence[str]) -> str:
+    """What ``interpreter args`` runs: the script's stem, the ``-m`` module, else (``-c``,
+    standard input, nothing) the interpreter's own name."""
+    i = 0
+    while i < len(args) and args[i].startswith("-") and args[i] != "-":
+        word = args[i]
+        i += 1
+        if word.startswith("--"):  # --version and the like: no value
+            continue
+        for at, letter in enumerate(word[1:], start=2):
+            if letter in _PYTHON_VALUE_OPTIONS:
+                value = word[at:]
+                if not value and i < len(args):
+                    value, i = args[i], i + 1
+                if letter == "m":
+                    return value or interpreter
+                if letter == "c":
+                    return interpreter
+                break  # -W / -X: their value is no program
+    if i == len(args) or args[i] == "-":
+        return interpreter
+    script = os.path.basename(args[i])
+    return script.removesuffix(".py") or script

@@ -1,0 +1,111 @@
+"""``--record FILE``: every point the detection engine judged, in one CSV file.
+
+The format is the ``otel-gpu analyze`` CSV in long form: the usual columns
+(``time_s,used_bytes,limit_bytes,util,procs,phase,power_w,power_limit_w,step,temperature_c,
+ecc_uncorrected,xid_errors``) plus ``subject`` (``gpu:<uuid>``, ``process:<pid>@<uuid>``,
+``rss:<pid>``) and ``label`` (a human name, written on a subject's first row and when it
+changes). Rows come in sweep order, so ``otel-gpu analyze FILE`` feeds each subject's points to
+the engine exactly as the agent did and raises the same alerts at the same data times, and
+``otel-gpu report FILE`` plots it. Floats are written with ``repr`` (exact round trip); an
+unknown value is an empty cell.
+
+The sampler thread only queues each sweep's rows (bounded: when the disk stalls, whole sweeps
+are dropped, counted and logged once); a writer thread writes and flushes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import logging
+import math
+import queue
+import threading
+from typing import IO, Any
+
+from otel_gpu.core.errors import UsageError
+from otel_gpu.detect.model import NUMERIC_FIELDS
+from otel_gpu.outputs.sweeps import Sweep, labels
+
+log = logging.getLogger("otel_gpu.record")
+
+# The analyze columns (every numeric Point field, procs and phase) after subject and label.
+COLUMNS = ("subject", "label", "time_s", *NUMERIC_FIELDS, "procs", "phase")
+_QUEUE_SWEEPS = 256
+
+
+def open_recording(path: str, flag: str = "--record") -> IO[str]:
+    """Open (truncate) the recording now, so a bad path is refused before the job starts."""
+    try:
+        return open(path, "w", newline="", encoding="utf-8")  # noqa: SIM115 - the writer closes it
+    except OSError as exc:
+        raise UsageError(
+            f"{flag} {path}: cannot write ({exc.strerror or exc}); give a writable file path"
+        ) from None
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float) and not math.isfinite(value):
+        return ""  # the engine treats NaN and infinities as unknown too
+    return value
+
+
+def rows(sweep: Sweep, named: dict[str, str]) -> list[list[Any]]:
+    """The CSV rows of one sweep; ``named`` (subject -> label written) is updated."""
+    names = labels(sweep.snapshot)
+    out = []
+    for subject, p in sweep.points:
+        label = names.get(subject, "")
+        if named.get(subject) == label:
+            label = ""
+        else:
+            named[subject] = label
+        out.append([subject, label, p.time, *(_cell(getattr(p, c)) for c in COLUMNS[3:])])
+    return out
+
+
+class Recorder:
+    """Writes sweeps to an open CSV file from its own thread."""
+
+    def __init__(self, fh: IO[str]) -> None:
+        self._fh = fh
+        self._writer = csv.writer(fh)
+        self._writer.writerow(COLUMNS)
+        self._queue: queue.Queue[list[list[Any]] | None] = queue.Queue(_QUEUE_SWEEPS)
+        self._named: dict[str, str] = {}
+        self.dropped_sweeps = 0
+        self._thread = threading.Thread(target=self._run, name="otel-gpu-record", daemon=True)
+        self._thread.start()
+
+    def on_sweep(self, sweep: Sweep) -> None:
+        """On the sampler thread: queue the rows, never wait."""
+        try:
+            self._queue.put_nowait(rows(sweep, self._named))
+        except queue.Full:
+            self.dropped_sweeps += 1
+            if self.dropped_sweeps == 1:
+                log.warning("recording falls behind (disk slow?): sweeps are being dropped")
+
+    def _run(self) -> None:
+        while True:
+            batch = self._queue.get()
+            if batch is None:
+                break
+            try:
+                self._writer.writerows(batch)
+                self._fh.flush()
+            except OSError as exc:
+                log.warning("recording stopped: %s", exc)
+                break
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Write what is queued (bounded by ``timeout_s``) and close the file."""
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=timeout_s)
+        self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self._fh.close()
+        if self.dropped_sweeps:
+            log.warning("recording: %d sweeps dropped", self.dropped_sweeps)
