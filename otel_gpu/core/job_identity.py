@@ -17,11 +17,12 @@ inherit the id too. ``watch`` and ``sidecar`` get one id per agent process
 from __future__ import annotations
 
 import os
-import re
 import threading
 import uuid
 from collections.abc import Mapping, MutableMapping, Sequence
 from urllib.parse import quote, unquote
+
+from otel_gpu.core.commandline import PYTHON, python_target
 
 RESOURCE_ATTRIBUTES_ENV = "OTEL_RESOURCE_ATTRIBUTES"
 SERVICE_NAME_ENV = "OTEL_SERVICE_NAME"
@@ -107,7 +108,6 @@ def default_service_name(command: Sequence[str] | None = None) -> str:
 # Programs that only launch the one that names the job: `opentelemetry-instrument python -u
 # train.py` is the job "train", not "opentelemetry-instrument".
 _LAUNCHERS = frozenset({"opentelemetry-instrument", "env", "nohup", "time", "exec"})
-_PYTHON = re.compile(r"^python[0-9.]*$")
 
 
 def program_name(command: Sequence[str]) -> str:
@@ -123,35 +123,18 @@ def program_name(command: Sequence[str]) -> str:
     if not words:
         return ""
     name = os.path.basename(words[0])
-    if _PYTHON.match(name):
+    if PYTHON.match(name):
         return _python_target(name, words[1:])
     return name.removesuffix(".py") or name
-
-
-# The interpreter's options whose value follows, in the same word (-Wignore) or the next.
-_PYTHON_VALUE_OPTIONS = "cmWX"
 
 
 def _python_target(interpreter: str, args: Sequence[str]) -> str:
     """What ``interpreter args`` runs: the script's stem, the ``-m`` module, else (``-c``,
     standard input, nothing) the interpreter's own name."""
-    i = 0
-    while i < len(args) and args[i].startswith("-") and args[i] != "-":
-        word = args[i]
-        i += 1
-        if word.startswith("--"):  # --version and the like: no value
-            continue
-        for at, letter in enumerate(word[1:], start=2):
-            if letter in _PYTHON_VALUE_OPTIONS:
-                value = word[at:]
-                if not value and i < len(args):
-                    value, i = args[i], i + 1
-                if letter == "m":
-                    return value or interpreter
-                if letter == "c":
-                    return interpreter
-                break  # -W / -X: their value is no program
-    if i == len(args) or args[i] == "-":
+    kind, value, _ = python_target(args)
+    if kind == "module":
+        return value or interpreter
+    if kind != "script":
         return interpreter
-    script = os.path.basename(args[i])
+    script = os.path.basename(value)
     return script.removesuffix(".py") or script

@@ -29,6 +29,8 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TypeVar, cast
 
+from otel_gpu.core.commandline import PYTHON, python_target
+
 MASK = "***"
 _T = TypeVar("_T")
 
@@ -334,28 +336,15 @@ def redact_value(value: _T) -> _T:
 
 # -- the process.command attribute ----------------------------------------------------------------
 
-_PYTHON = re.compile(r"python[\d.]*")
-
 
 def program(args: Sequence[str]) -> str:
     """The program: ``args[0]``, and for a Python interpreter its script or ``-m module``."""
     if not args:
         return ""
     shown = [args[0]]
-    if _PYTHON.fullmatch(os.path.basename(args[0])):
-        rest = iter(args[1:])
-        for arg in rest:
-            if arg == "-m":
-                shown += ["-m", next(rest, "")]
-                break
-            if arg == "-c":
-                shown.append("-c")
-                break
-            if arg in ("-W", "-X"):  # options that take a value
-                next(rest, None)
-            elif not arg.startswith("-"):
-                shown.append(arg)
-                break
+    if PYTHON.match(os.path.basename(args[0])):
+        kind, value, _ = python_target(args[1:])
+        shown += {"module": ["-m", value], "code": ["-c"], "script": [value]}.get(kind, [])
     return " ".join(a for a in shown if a)
 
 

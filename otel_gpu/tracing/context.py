@@ -25,6 +25,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
+from otel_gpu.core.commandline import python_target
 from otel_gpu.tracing.environment_variables import OTEL_GPU_TRAIN_TRACEPARENT
 
 LAUNCHER = "launcher"  # passes trace context to its children; exports nothing
@@ -54,25 +55,12 @@ OFF_MODULES = frozenset({"torch._inductor.compile_worker"})
 
 def program(argv: Sequence[str]) -> tuple[str, str]:
     """``("script", basename)``, ``("module", name)`` or ``("code", text)`` of an ``orig_argv``."""
-    i = 1
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "-m" and i + 1 < len(argv):
-            return "module", argv[i + 1]
-        if arg.startswith("-m") and len(arg) > 2:
-            return "module", arg[2:]
-        if arg == "-c" and i + 1 < len(argv):
-            return "code", argv[i + 1]
-        if arg in ("-W", "-X", "--check-hash-based-pycs"):
-            i += 2
-            continue
-        if arg.startswith("-"):
-            if "--multiprocessing-fork" in argv:
-                return "code", "multiprocessing.spawn"
-            i += 1
-            continue
-        return "script", os.path.basename(arg)
-    return "code", ""
+    if "--multiprocessing-fork" in argv[1:]:
+        return "code", "multiprocessing.spawn"  # a spawn child, whatever else its line says
+    kind, value, _ = python_target(argv[1:])
+    if kind == "script":
+        return "script", os.path.basename(value)
+    return ("module", value) if kind == "module" else ("code", value)
 
 
 def decide_role(argv: Sequence[str], env: Mapping[str, str], requested: str = "auto") -> str:
