@@ -22,12 +22,13 @@ from otel_gpu.actions.options import Parser
 from otel_gpu.actions.stop import parse_signal
 from otel_gpu.core.errors import UsageError
 from otel_gpu.core.settings import Setting, boolean, number, resolve
-from otel_gpu.detect.model import ANOMALY, HARDWARE, LEAK, STALL, THRESHOLD
+from otel_gpu.detect.engine import ALERT_KINDS
+from otel_gpu.detect.model import LEAK, STALL
 
 # Which breaker transitions notify. "open" = a new episode (CLOSED -> OPEN); "reopen" = an alert
 # during probation (HALF_OPEN -> OPEN, same episode); "half_open" = probing; "closed" = resolved.
 NOTIFY_CHOICES = ("open", "reopen", "half_open", "closed")
-KINDS = (LEAK, STALL, THRESHOLD, ANOMALY, HARDWARE)
+KINDS = ALERT_KINDS  # what the registered detectors raise (detect/engine.py)
 _PREFIX = "OTEL_GPU_"
 _DELIVERY = (
     "queue_size",
