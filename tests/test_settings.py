@@ -156,12 +156,14 @@ def _settings_rows() -> list[dict[str, str]]:
 
 def _declared() -> list[Setting]:
     from otel_gpu.detect.breaker import DECLARED as BREAKER
+    from otel_gpu.detect.settings import DECLARED as DETECT
     from otel_gpu.inference.readiness import DECLARED as READINESS
     from otel_gpu.inference.serving import DECLARED as SERVING
     from otel_gpu.processor.settings import DECLARED as PROCESSOR
 
     return [
-        *config.DECLARED, *tracing_settings.DECLARED, *BREAKER, *READINESS, *SERVING, *PROCESSOR
+        *config.DECLARED, *tracing_settings.DECLARED, *BREAKER, *DETECT, *READINESS, *SERVING,
+        *PROCESSOR,
     ]  # fmt: skip
 
 
@@ -217,6 +219,8 @@ def test_every_variable_in_the_readme_tables_is_declared() -> None:
 def _with_objects() -> list[tuple[Setting, object]]:
     from otel_gpu.detect.breaker import DECLARED as BREAKER
     from otel_gpu.detect.breaker import BreakerConfig
+    from otel_gpu.detect.settings import DECLARED as DETECT
+    from otel_gpu.detect.settings import DetectConfig
     from otel_gpu.inference.readiness import DECLARED as READINESS
     from otel_gpu.inference.readiness import ReadinessConfig
     from otel_gpu.inference.serving import DECLARED as SERVING
@@ -228,6 +232,7 @@ def _with_objects() -> list[tuple[Setting, object]]:
         *((s, config.Settings()) for s in config.DECLARED),
         *((s, tracing_settings.TracingSettings()) for s in tracing_settings.DECLARED),
         *((s, BreakerConfig()) for s in BREAKER),
+        *((s, DetectConfig()) for s in DETECT),
         *((s, ReadinessConfig()) for s in READINESS),
         *((s, ServingConfig()) for s in SERVING),
         *((s, ProcessorConfig()) for s in PROCESSOR),
