@@ -22,6 +22,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_C
 
 from otel_gpu.core import signals as sig
 from otel_gpu.core.signals import GAUGE, Signal
+from otel_gpu.processor.outputs import SCOPE_NAME
 from otel_gpu.processor.wire import LOGS_EXPORT, METRICS_EXPORT, TRACE_EXPORT
 
 SIGNALS = {METRICS_EXPORT: "metrics", TRACE_EXPORT: "traces", LOGS_EXPORT: "logs"}
@@ -37,7 +38,7 @@ class _Builder:
         rm = self.req.resource_metrics.add()
         rm.resource.attributes.append(_kv("service.name", "otel-gpu-processor"))
         self._sm = rm.scope_metrics.add()
-        self._sm.scope.name = "otel_gpu.processor"
+        self._sm.scope.name = SCOPE_NAME
         self._metrics: dict[str, Metric] = {}
         self._start, self._now = start_ns, now_ns
 
