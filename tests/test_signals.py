@@ -1,7 +1,9 @@
-"""The signal contract: what the agent exports, what the processor routes and what the engine
-reads are the same declarations, checked through the real OTel SDK and OTLP encoding.
+"""The signal contract: what the project exports (the agent, the trainer, the sidecar's
+inference and Kubernetes instruments, the processor), what the processor routes and what the
+engine reads are the same declarations, checked through the real OTel SDK and OTLP encoding.
 
-A renamed instrument, a unit changed on one side, a route to a metric nobody exports or a Point
+A renamed instrument, a unit changed on one side, a metric exported but undeclared (or declared
+but never exported, or missing from the README), a route to a metric nobody exports or a Point
 field no signal feeds fails here instead of leaving fleet detection blind.
 """
 
