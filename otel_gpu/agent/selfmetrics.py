@@ -109,6 +109,10 @@ class SelfInstrument:
     signal: Signal
     read: Callable[[SamplingState, ExportHealth], Iterable[Observation]]
 
+    @property
+    def name(self) -> str:
+        return self.signal.name
+
 
 def _sweep_duration(s: SamplingState, _e: ExportHealth) -> Iterable[Observation]:
     snap = s.fresh()
