@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from otel_gpu.actions.notifiers import (
 from otel_gpu.actions.redact import scrub
 from otel_gpu.actions.settings import env_name
 from otel_gpu.core.errors import UsageError
+from otel_gpu.detect.engine import ALERT_KINDS
 
 SLACK = "https://hooks.slack.com/services/T0001/B0002/SeCrEtToKeN99"
 DING = "https://oapi.dingtalk.com/robot/send?access_token=abcdef0123456789"
@@ -189,7 +191,7 @@ def test_a_credential_needs_its_url_other_options_stand_alone(
 
 def test_config_file_errors(tmp_path: Path) -> None:
     missing = tmp_path / "nope.json"
-    with pytest.raises(UsageError, match="OTEL_GPU_ACTIONS_CONFIG: cannot read"):
+    with pytest.raises(UsageError, match="OTEL_GPU_ACTIONS_CONFIG=.*: cannot read"):
         ActionsConfig.from_env({"OTEL_GPU_ACTIONS_CONFIG": str(missing)})
     bad = tmp_path / "bad.json"
     bad.write_text('{"slack_webhook_url": ')
@@ -255,3 +257,26 @@ def test_vendor_settings_derive_from_its_class(
 )
 def test_redact_url(url: str, shown: str) -> None:
     assert redact_url(url) == shown
+
+
+# -- stop kinds: derived from the registered detectors (detect/engine.py) ------------------------
+
+
+@pytest.mark.parametrize("kind", ALERT_KINDS)
+def test_every_alert_kind_the_detectors_raise_can_stop_the_job(kind: str) -> None:
+    cfg = ActionsConfig.from_env({"OTEL_GPU_STOP_ON_ALERT": "true", "OTEL_GPU_STOP_KINDS": kind})
+    assert cfg.stop_kinds == {kind}
+
+
+def test_a_kind_no_detector_raises_is_refused_naming_the_ones_that_exist() -> None:
+    with pytest.raises(UsageError) as e:
+        ActionsConfig.from_env({"OTEL_GPU_STOP_KINDS": "oom"})
+    assert all(kind in str(e.value) for kind in ALERT_KINDS)
+
+
+def test_the_readme_lists_exactly_the_stop_kinds() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    row = next(line for line in readme.splitlines() if line.startswith("| `OTEL_GPU_STOP_KINDS`"))
+    meaning = row.strip("|").split("|")[-1]
+    listed = set(re.findall(r"`([a-z_]+)`", meaning.split("(", 1)[1]))
+    assert listed == set(ALERT_KINDS)

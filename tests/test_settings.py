@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -156,12 +157,14 @@ def _settings_rows() -> list[dict[str, str]]:
 
 def _declared() -> list[Setting]:
     from otel_gpu.detect.breaker import DECLARED as BREAKER
+    from otel_gpu.detect.settings import DECLARED as DETECT
     from otel_gpu.inference.readiness import DECLARED as READINESS
     from otel_gpu.inference.serving import DECLARED as SERVING
     from otel_gpu.processor.settings import DECLARED as PROCESSOR
 
     return [
-        *config.DECLARED, *tracing_settings.DECLARED, *BREAKER, *READINESS, *SERVING, *PROCESSOR
+        *config.DECLARED, *tracing_settings.DECLARED, *BREAKER, *DETECT, *READINESS, *SERVING,
+        *PROCESSOR,
     ]  # fmt: skip
 
 
@@ -217,6 +220,8 @@ def test_every_variable_in_the_readme_tables_is_declared() -> None:
 def _with_objects() -> list[tuple[Setting, object]]:
     from otel_gpu.detect.breaker import DECLARED as BREAKER
     from otel_gpu.detect.breaker import BreakerConfig
+    from otel_gpu.detect.settings import DECLARED as DETECT
+    from otel_gpu.detect.settings import DetectConfig
     from otel_gpu.inference.readiness import DECLARED as READINESS
     from otel_gpu.inference.readiness import ReadinessConfig
     from otel_gpu.inference.serving import DECLARED as SERVING
@@ -228,6 +233,7 @@ def _with_objects() -> list[tuple[Setting, object]]:
         *((s, config.Settings()) for s in config.DECLARED),
         *((s, tracing_settings.TracingSettings()) for s in tracing_settings.DECLARED),
         *((s, BreakerConfig()) for s in BREAKER),
+        *((s, DetectConfig()) for s in DETECT),
         *((s, ReadinessConfig()) for s in READINESS),
         *((s, ServingConfig()) for s in SERVING),
         *((s, ProcessorConfig()) for s in PROCESSOR),
@@ -254,3 +260,39 @@ SHOWN_IN_WORDS = {
 def test_the_shown_default_is_the_objects_default(setting: Setting, defaults: object) -> None:
     shown = setting.parse(setting.default.strip("`"), "README")
     assert shown == getattr(defaults, setting.name)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "problem"),
+    [
+        ("absent.json", None, "cannot read (No such file or directory); point it at a JSON or TOML"),
+        ("bad.json", '{"a": ', "not valid JSON (line 1: Expecting value); use a .toml name"),
+        ("list.json", "[1, 2]", "expected an object of detection settings"),
+        ("bad.toml", "a = ", "not valid TOML"),
+    ],
+)  # fmt: skip
+def test_a_settings_file_problem_is_one_line_naming_the_setting_and_file(
+    tmp_path: Path, name: str, text: str | None, problem: str
+) -> None:
+    from otel_gpu.core.settings import read_settings_file
+
+    path = tmp_path / name
+    if text is not None:
+        path.write_text(text)
+    if name.endswith(".toml") and sys.version_info < (3, 11):
+        problem = "TOML needs Python >= 3.11; use JSON"
+    with pytest.raises(UsageError) as e:
+        read_settings_file(str(path), "--config", "detection settings")
+    assert str(e.value).startswith(f"--config={str(path)!r}: {problem}")
+    assert "\n" not in str(e.value)
+
+
+def test_a_settings_file_holds_an_object_in_json_or_toml(tmp_path: Path) -> None:
+    from otel_gpu.core.settings import read_settings_file
+
+    (tmp_path / "a.json").write_text('{"stall_window_s": 1200}')
+    assert read_settings_file(str(tmp_path / "a.json"), "--config", "x") == {"stall_window_s": 1200}
+    if sys.version_info >= (3, 11):
+        (tmp_path / "a.toml").write_text("[detect]\nstall_window_s = 1200\n")
+        got = read_settings_file(str(tmp_path / "a.toml"), "--config", "x")
+        assert got == {"detect": {"stall_window_s": 1200}}

@@ -1,7 +1,9 @@
-"""The signal contract: what the agent exports, what the processor routes and what the engine
-reads are the same declarations, checked through the real OTel SDK and OTLP encoding.
+"""The signal contract: what the project exports (the agent, the trainer, the sidecar's
+inference and Kubernetes instruments, the processor), what the processor routes and what the
+engine reads are the same declarations, checked through the real OTel SDK and OTLP encoding.
 
-A renamed instrument, a unit changed on one side, a route to a metric nobody exports or a Point
+A renamed instrument, a unit changed on one side, a metric exported but undeclared (or declared
+but never exported, or missing from the README), a route to a metric nobody exports or a Point
 field no signal feeds fails here instead of leaving fleet detection blind.
 """
 
@@ -15,6 +17,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +34,26 @@ from test_breaker_conditions import _leak_snapshots
 
 from otel_gpu.actions.span_event import alert_attributes
 from otel_gpu.agent import instruments as metrics
+from otel_gpu.agent import selfmetrics
 from otel_gpu.agent.points import snapshot_points
+from otel_gpu.agent.selfmetrics import ExportHealth
 from otel_gpu.agent.watchdog import Watchdog
 from otel_gpu.core import signals
+from otel_gpu.core.signals import attributes
 from otel_gpu.detect.breaker import Breaker, BreakerConfig, Transition
 from otel_gpu.detect.engine import Engine
 from otel_gpu.detect.model import LEAK, NUMERIC_FIELDS, Alert, Point
-from otel_gpu.processor import outputs
+from otel_gpu.inference.engines import parse_exposition
+from otel_gpu.inference.scrape import ServerScraper
+from otel_gpu.k8s.attribution import NodeAttribution
+from otel_gpu.k8s.node_map import map_node
+from otel_gpu.k8s.podresources import Allocation
+from otel_gpu.processor import Downstream, Processor, ProcessorConfig, outputs
 from otel_gpu.processor.assemble import Assembler, Subject
 from otel_gpu.processor.decode import ROUTES, MetricsDecoder
+from otel_gpu.processor.telemetry import self_metrics_request
+from otel_gpu.sampling.sampler import Sampler
+from otel_gpu.sampling.sim import SimulatedSource
 from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, ProcessSample, Snapshot
 
 GIB = 1 << 30
@@ -120,16 +134,103 @@ def _trainer_exported() -> Exported:
 
 
 def _everything_exported() -> Exported:
-    """Every metric the agent's side exports: the instrument table over a full snapshot, the
-    trainer's progress and torch's allocator."""
+    """Every metric the project exports but the detector outputs (below): the instrument
+    table over a full snapshot and the self-metrics reading the same snapshot (the agent), the
+    trainer's progress and torch's allocator, the sidecar's inference-server and Kubernetes
+    instruments, and the processor's own telemetry."""
     gpu = GpuSample(**{f.name: _value(f) for f in dataclasses.fields(GpuSample)})
     snap = Snapshot(
         time=1.0,
         gpus=(gpu,),
         gpu_processes=(GpuProcessSample(pid=7, gpu_uuid=UUID, used_memory=GIB, sm_util=0.5),),
         processes=(ProcessSample(pid=7, **_process_values()),),
+        sweep_seconds=0.02,
+        nvml_errors=(("TIMEOUT", 1),),
     )
-    return _exported(_agent_table(snap)) | _trainer_exported()
+    return (
+        _exported(_agent_table(snap))
+        | _exported(_self_metrics(snap))
+        | _trainer_exported()
+        | _inference_instruments()
+        | _exported(_k8s_instruments(snap))
+        | _processor_telemetry()
+    )
+
+
+def _collect(register: Callable[[Any], object]) -> MetricsData | None:
+    """What a real SDK reader collects from the instruments ``register(meter)`` creates."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    register(provider.get_meter("t"))
+    try:
+        return reader.get_metrics_data()
+    finally:
+        provider.shutdown()
+
+
+def _self_metrics(snap: Snapshot) -> MetricsData | None:
+    sampler = Sampler(SimulatedSource(), None, interval_s=1.0)
+    sampler.publish(snap)
+    return _collect(lambda meter: selfmetrics.register(meter, sampler, ExportHealth()))
+
+
+# Each engine's own exposition (as documented): vLLM has no queue time, Triton no KV cache.
+VLLM = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 7.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 3.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="m"} 0.42
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{model_name="m"} 5.0
+"""
+TRITON = """\
+# TYPE nv_inference_pending_request_count gauge
+nv_inference_pending_request_count{model="resnet",version="1"} 2
+# TYPE nv_inference_queue_duration_us counter
+nv_inference_queue_duration_us{model="resnet",version="1"} 1500000
+"""
+
+
+def _inference_instruments() -> Exported:
+    exported: Exported = {}
+    for text in (VLLM, TRITON):
+        scraper = ServerScraper("http://127.0.0.1:9/metrics", interval_s=5.0)
+        scraper.latest = parse_exposition(text, time.time())  # as scrape_once() keeps it
+        exported |= _exported(_collect(scraper.register_instruments))
+    return exported
+
+
+def _k8s_instruments(snap: Snapshot) -> MetricsData | None:
+    """The rows of one pairing: the GPU allocated to a pod, the process holding memory on a
+    GPU no pod is allocated (here the same GPU: the kubelet's answer lags the process)."""
+    attribution = NodeAttribution(lambda: snap, "/nonexistent/kubelet.sock")
+    found = map_node(snap, [Allocation(UUID, "nvidia.com/gpu", "vllm-0", "ns", "vllm")], {}, None)
+    bare = replace(snap, gpus=(GpuSample(uuid="GPU-other", index=1),))
+    attribution.allocated = found.allocated
+    attribution.orphaned = map_node(bare, [], {}, None).orphaned
+    assert attribution.allocated and attribution.orphaned
+    return _collect(attribution.register_instruments)
+
+
+def _processor_telemetry() -> Exported:
+    """The processor's own metrics, as its OTLP encoding sends them downstream."""
+    proc = Processor(ProcessorConfig(listen="127.0.0.1:0", forward=(Downstream("127.0.0.1:9"),)))
+    try:
+        req = ExportMetricsServiceRequest.FromString(self_metrics_request(proc.stats(), 0))
+    finally:
+        proc.stop(1)
+    return _request_exported(req)
+
+
+def _request_exported(req: ExportMetricsServiceRequest) -> Exported:
+    return {
+        m.name: (m.unit, signals.GAUGE if m.HasField("gauge") else _sum_kind(m.sum))
+        for rm in req.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
 
 
 def _value(f: dataclasses.Field) -> Any:
@@ -311,13 +412,7 @@ SUBJECT = outputs.SubjectOutput((("host.name", "n1"),), (("hw.id", "G"),))
 def test_the_processor_exports_exactly_the_declared_detector_outputs() -> None:
     values = outputs.DetectorValues(SUBJECT, 2, 1e3, 60.0, {LEAK: 1})
     req = ExportMetricsServiceRequest.FromString(outputs.metrics_request([values], 0, 10))
-    got = {
-        m.name: (m.unit, signals.GAUGE if m.HasField("gauge") else _sum_kind(m.sum))
-        for rm in req.resource_metrics
-        for sm in rm.scope_metrics
-        for m in sm.metrics
-    }
-    assert got == OUTPUTS
+    assert _request_exported(req) == OUTPUTS
 
 
 def _sum_kind(s: Any) -> str:
@@ -384,3 +479,51 @@ def _readme_rows() -> dict[str, tuple[str, str]]:
 @pytest.mark.parametrize("signal", signals.SIGNALS, ids=lambda s: s.name)
 def test_the_readme_documents_every_signal_with_its_unit_and_kind(signal: signals.Signal) -> None:
     assert _readme_rows().get(signal.name) == (signal.unit, signal.kind)
+
+
+def test_every_metric_row_of_the_readme_is_a_declared_signal() -> None:
+    rows = _readme_rows()
+    assert len(rows) >= len(signals.SIGNALS)  # the parser found the tables
+    assert set(rows) - set(signals.BY_NAME) == set()
+
+
+# -- the contract package: one family per module, one way to make an instrument ---------------
+
+PACKAGE = Path(__file__).resolve().parents[1] / "otel_gpu"
+
+
+def test_each_public_name_of_the_contract_is_declared_in_one_module_only() -> None:
+    """The package re-exports every family's names: two modules giving one name two values
+    would make one of them unreachable as ``signals.NAME``."""
+    modules = [*signals.FAMILIES.values(), attributes]
+    seen: dict[str, object] = {}
+    for module in modules:
+        for name, value in vars(module).items():
+            if name.isupper() and not isinstance(value, type(signals)):
+                assert seen.setdefault(name, value) is value, f"{name} in {module.__name__}"
+                assert getattr(signals, name) is value
+
+
+def test_every_signal_of_a_family_module_is_declared_there() -> None:
+    found = [s for family in signals.FAMILIES for s in signals.family_signals(family)]
+    assert len(found) == len(set(found)) == len(signals.SIGNALS)  # no family imports another's
+    on_disk = {p.stem for p in (PACKAGE / "core" / "signals").glob("*.py")}
+    assert set(signals.FAMILIES) <= on_disk
+    # Every module that declares a Signal is a family (a new one must be listed in FAMILIES).
+    for stem in on_disk - set(signals.FAMILIES):
+        text = (PACKAGE / "core" / "signals" / f"{stem}.py").read_text()
+        assert " = Signal(" not in text, f"core/signals/{stem}.py declares signals: add it"
+
+
+MAKERS = re.compile(r"\.create_(observable_\w+|counter|up_down_counter|histogram|gauge)\b")
+
+
+def test_every_instrument_is_made_by_the_contracts_observable() -> None:
+    """So each has its declared name, kind and unit, and each reader is guarded (a raising
+    reader is logged once per episode, not swallowed, not once per collection)."""
+    makers = {
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if MAKERS.search(path.read_text(encoding="utf-8"))
+    }
+    assert makers == {"core/signals/reading.py"}

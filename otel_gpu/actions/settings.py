@@ -10,25 +10,25 @@ The config file (``OTEL_GPU_ACTIONS_CONFIG``, ``.json`` or ``.toml``) uses the s
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from otel_gpu.actions.notifiers import VENDORS, WebhookNotifier
 from otel_gpu.actions.options import Parser
 from otel_gpu.actions.stop import parse_signal
 from otel_gpu.core.errors import UsageError
-from otel_gpu.core.settings import Setting, boolean, number, resolve
-from otel_gpu.detect.model import ANOMALY, HARDWARE, LEAK, STALL, THRESHOLD
+from otel_gpu.core.settings import Setting, boolean, number, read_settings_file, resolve
+from otel_gpu.detect.engine import ALERT_KINDS
+from otel_gpu.detect.model import LEAK, STALL
 
 # Which breaker transitions notify. "open" = a new episode (CLOSED -> OPEN); "reopen" = an alert
 # during probation (HALF_OPEN -> OPEN, same episode); "half_open" = probing; "closed" = resolved.
 NOTIFY_CHOICES = ("open", "reopen", "half_open", "closed")
-KINDS = (LEAK, STALL, THRESHOLD, ANOMALY, HARDWARE)
+KINDS = ALERT_KINDS  # what the registered detectors raise (detect/engine.py)
 _PREFIX = "OTEL_GPU_"
+_CONFIG = "OTEL_GPU_ACTIONS_CONFIG"  # the settings file (read before the settings it holds)
 _DELIVERY = (
     "queue_size",
     "max_attempts",
@@ -62,12 +62,12 @@ class ActionsConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> ActionsConfig:
         """Read ``overrides`` > environment > ``OTEL_GPU_ACTIONS_CONFIG`` file > defaults."""
         env = os.environ if environ is None else environ
-        path = env.get(_PREFIX + "ACTIONS_CONFIG", "").strip()
-        file = _read_file(path) if path else None
+        path = env.get(_CONFIG, "").strip()
+        file = read_settings_file(path, _CONFIG, "action settings") if path else None
         for key in file or {}:
             if key not in _FIELDS:
                 raise UsageError(
-                    f"OTEL_GPU_ACTIONS_CONFIG file {path}: unknown setting {key!r}; "
+                    f"{_CONFIG} file {path}: unknown setting {key!r}; "
                     f"accepted: {', '.join(sorted(_FIELDS))}"
                 )
         for name in overrides:
@@ -103,39 +103,6 @@ def _check_urls(webhooks: Mapping[str, Any], origin: Mapping[str, str]) -> None:
         for name, option in options:
             if option.secret and webhooks.get(name) and not webhooks.get(url):
                 raise UsageError(f"{origin[name]} is set but {env_name(url)} is not: set both")
-
-
-def _read_file(path: str) -> dict[str, Any]:
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise UsageError(
-            f"OTEL_GPU_ACTIONS_CONFIG: cannot read {path}: {e.strerror}; point it at a JSON or "
-            "TOML file"
-        ) from None
-    if p.suffix.lower() == ".toml":
-        try:
-            import tomllib  # Python >= 3.11
-        except ImportError:
-            raise UsageError(
-                f"OTEL_GPU_ACTIONS_CONFIG: {path} is TOML, which needs Python >= 3.11; use JSON"
-            ) from None
-        try:
-            doc: Any = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
-            raise UsageError(f"OTEL_GPU_ACTIONS_CONFIG: {path} is not valid TOML ({e})") from None
-    else:
-        try:
-            doc = json.loads(text)
-        except ValueError as e:
-            raise UsageError(
-                f"OTEL_GPU_ACTIONS_CONFIG: {path} is not valid JSON (line {getattr(e, 'lineno', '?')}); "
-                "use a .toml name for TOML"
-            ) from None
-    if not isinstance(doc, dict):
-        raise UsageError(f"OTEL_GPU_ACTIONS_CONFIG: {path} must hold an object of settings")
-    return doc
 
 
 def _choices(allowed: tuple[str, ...], allow_none: bool) -> Parser:

@@ -234,7 +234,7 @@ def _per_process(signal: Signal, field: str, *, on_gpu: bool = False) -> Instrum
 _NO_ATTRS: Attrs = {}
 
 
-def _agent(snap: Snapshot) -> Iterator[Observation]:
+def _processes_dropped(snap: Snapshot) -> Iterator[Observation]:
     yield Observation(float(snap.processes_dropped), _NO_ATTRS)
 
 
@@ -280,7 +280,7 @@ INSTRUMENTS: tuple[Instrument, ...] = (
     _per_process(sig.PROCESS_MEMORY_VIRTUAL, "memory_virtual"),
     _per_process(sig.PROCESS_THREADS, "thread_count"),
     _per_process(sig.PROCESS_FDS, "fd_count"),
-    Instrument(sig.PROCESSES_DROPPED, _agent),
+    Instrument(sig.PROCESSES_DROPPED, _processes_dropped),
 )
 
 
@@ -330,10 +330,8 @@ def _create(
         if snap is None:
             return []
         token = collecting.set(labels())
-        try:
-            observations = list(spec.read(snap))
-        except Exception:  # a reader bug loses this instrument's points, never the cycle
-            return []
+        try:  # a reader that raises loses this instrument's points, logged once per episode
+            observations = list(spec.read(snap))  # (otel_gpu.core.signals.reading)
         finally:
             collecting.reset(token)
         book.observe(observations)

@@ -1,4 +1,4 @@
-"""The agent's own health: ``otel_gpu.agent.agent.*`` self-metrics and the export outcome they read.
+"""The agent's own health: ``otel_gpu.agent.*`` self-metrics and the export outcome they read.
 
 An agent that has gone blind must say so. These instruments report how fresh sampling is, what
 it costs, what NVML refused and what the exporter could not deliver; ``/healthz``
@@ -18,7 +18,9 @@ from typing import Any, Protocol
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 
+from otel_gpu.core import signals as sig
 from otel_gpu.core.export_log import count_points
+from otel_gpu.core.signals import Signal, observable
 from otel_gpu.sampling.snapshot import Snapshot
 
 
@@ -102,11 +104,14 @@ class CountingExporter(MetricExporter):
 
 @dataclass(frozen=True)
 class SelfInstrument:
-    name: str
-    kind: str  # gauge | counter
-    unit: str
-    description: str
+    """A self-metric of the contract (``otel_gpu.core.signals.agent``) and its reader."""
+
+    signal: Signal
     read: Callable[[SamplingState, ExportHealth], Iterable[Observation]]
+
+    @property
+    def name(self) -> str:
+        return self.signal.name
 
 
 def _sweep_duration(s: SamplingState, _e: ExportHealth) -> Iterable[Observation]:
@@ -119,7 +124,7 @@ def _gpu_read_duration(s: SamplingState, _e: ExportHealth) -> Iterable[Observati
     snap = s.fresh()
     for g in snap.gpus if snap is not None else ():
         if g.read_seconds is not None:
-            yield Observation(g.read_seconds, {"hw.id": g.uuid})
+            yield Observation(g.read_seconds, {sig.HW_ID: g.uuid})
 
 
 def _snapshot_age(s: SamplingState, _e: ExportHealth) -> Iterable[Observation]:
@@ -128,73 +133,26 @@ def _snapshot_age(s: SamplingState, _e: ExportHealth) -> Iterable[Observation]:
 
 def _nvml_errors(s: SamplingState, _e: ExportHealth) -> Iterable[Observation]:
     for name, count in sorted(s.nvml_errors().items()):
-        yield Observation(count, {"error.type": name})
+        yield Observation(count, {sig.ERROR_TYPE: name})
 
 
 INSTRUMENTS: Sequence[SelfInstrument] = (
+    SelfInstrument(sig.AGENT_SWEEP_DURATION, _sweep_duration),
+    SelfInstrument(sig.AGENT_GPU_READ_DURATION, _gpu_read_duration),
+    SelfInstrument(sig.AGENT_SNAPSHOT_AGE, _snapshot_age),
+    SelfInstrument(sig.AGENT_NVML_ERRORS, _nvml_errors),
+    SelfInstrument(sig.AGENT_SAMPLER_RESTARTS, lambda s, _e: [Observation(s.restarts)]),
+    SelfInstrument(sig.AGENT_EXPORT_FAILURES, lambda _s, e: [Observation(e.failures)]),
+    SelfInstrument(sig.AGENT_EXPORT_DROPPED_POINTS, lambda _s, e: [Observation(e.dropped_points)]),
     SelfInstrument(
-        "otel_gpu.agent.sweep.duration",
-        "gauge",
-        "s",
-        "Wall time of the last NVML + /proc sweep",
-        _sweep_duration,
-    ),
-    SelfInstrument(
-        "otel_gpu.agent.gpu.read.duration",
-        "gauge",
-        "s",
-        "Wall time the last sweep spent reading each GPU (hw.id); left out for a GPU whose "
-        "read was abandoned (hung) or that is lost",
-        _gpu_read_duration,
-    ),
-    SelfInstrument(
-        "otel_gpu.agent.snapshot.age",
-        "gauge",
-        "s",
-        "Seconds since the last snapshot arrived (since start before the first); above 3 "
-        "sampling intervals the device and process metrics are not exported (stale)",
-        _snapshot_age,
-    ),
-    SelfInstrument(
-        "otel_gpu.agent.nvml.errors",
-        "counter",
-        "{error}",
-        "NVML call failures by error name (error.type), since the agent started",
-        _nvml_errors,
-    ),
-    SelfInstrument(
-        "otel_gpu.agent.sampler.restarts",
-        "counter",
-        "{restart}",
-        "Sampling helper processes restarted after a crash, exit or hang",
-        lambda s, _e: [Observation(s.restarts)],
-    ),
-    SelfInstrument(
-        "otel_gpu.agent.export.failures",
-        "counter",
-        "{export}",
-        "Metric exports that failed (collector down, refused, timed out)",
-        lambda _s, e: [Observation(e.failures)],
-    ),
-    SelfInstrument(
-        "otel_gpu.agent.export.dropped_points",
-        "counter",
-        "{point}",
-        "Data points in failed metric exports (lost)",
-        lambda _s, e: [Observation(e.dropped_points)],
-    ),
-    SelfInstrument(
-        "otel_gpu.agent.export.rejected_points",
-        "counter",
-        "{point}",
-        "Data points a collector rejected in a partial success (not sent again)",
-        lambda _s, e: [Observation(e.rejected_points)],
+        sig.AGENT_EXPORT_REJECTED_POINTS, lambda _s, e: [Observation(e.rejected_points)]
     ),
 )
 
 
 def register(meter: Meter, sampling: SamplingState, exports: ExportHealth) -> list[Any]:
-    """Create the self-metric instruments; callbacks return nothing in a forked child."""
+    """Create the self-metric instruments; callbacks return nothing in a forked child. A
+    reader that raises is logged once per episode (otel_gpu.core.signals.reading)."""
     owner = os.getpid()
     created = []
     for spec in INSTRUMENTS:
@@ -202,17 +160,7 @@ def register(meter: Meter, sampling: SamplingState, exports: ExportHealth) -> li
         def callback(options: CallbackOptions, spec: SelfInstrument = spec) -> list[Observation]:
             if os.getpid() != owner:
                 return []
-            try:
-                return list(spec.read(sampling, exports))
-            except Exception:
-                return []
+            return list(spec.read(sampling, exports))
 
-        make = (
-            meter.create_observable_gauge
-            if spec.kind == "gauge"
-            else meter.create_observable_counter
-        )
-        created.append(
-            make(spec.name, callbacks=[callback], unit=spec.unit, description=spec.description)
-        )
+        created.append(observable(meter, spec.signal, [callback]))
     return created

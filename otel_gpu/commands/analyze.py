@@ -13,10 +13,9 @@ import argparse
 import io
 import json
 import sys
-from pathlib import Path
 from typing import Any, TextIO
 
-from otel_gpu.core.errors import UsageError
+from otel_gpu.core.settings import read_settings_file
 from otel_gpu.detect.engine import DetectConfig, Engine
 from otel_gpu.detect.trace import COLUMNS, Row, TraceError, read_rows, replay_rows, subject_for
 
@@ -54,31 +53,9 @@ def load_config(path: str | None) -> DetectConfig:
 
 
 def _read_settings(path: str) -> dict[str, Any]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"--config {path}: cannot read ({exc.strerror or exc})") from None
-    data: Any
-    if path.endswith(".toml"):
-        try:
-            import tomllib
-        except ModuleNotFoundError:  # Python 3.10
-            raise UsageError(f"--config {path}: TOML needs Python >= 3.11; use JSON") from None
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise UsageError(f"--config {path}: invalid TOML ({exc})") from None
-        data = data.get("detect", data)
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise UsageError(
-                f"--config {path}:{exc.lineno}: invalid JSON ({exc.msg}); "
-                "expected an object of detection settings"
-            ) from None
-    if not isinstance(data, dict):
-        raise UsageError(f"--config {path}: expected an object of detection settings")
+    data = read_settings_file(path, "--config", "detection settings")
+    if path.lower().endswith(".toml"):
+        data = data.get("detect", data)  # a [detect] table, or the settings at the top
     return data
 
 

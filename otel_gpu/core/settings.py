@@ -12,9 +12,11 @@ is never repeated beside the dataclass's.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 from otel_gpu.core.errors import UsageError
@@ -121,6 +123,44 @@ class Setting:
         """The ``--help`` line: the doc, the variable and the default."""
         where = f"env {self.env}, " if self.env else ""
         return f"{self.doc} ({where}default {self.default})".replace("%", "%%")
+
+
+def read_settings_file(path: str, setting: str, what: str) -> dict[str, Any]:
+    """The object of settings in a JSON file, or a TOML file by its ``.toml`` name.
+
+    ``setting`` is the flag or variable that named the file and ``what`` the settings it holds
+    (``"action settings"``): every problem is one UsageError naming both, e.g.
+    ``--config='d.json': not valid JSON (line 3: Expecting value); use a .toml name for TOML``.
+    """
+    source = f"{setting}={path!r}"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(
+            f"{source}: cannot read ({exc.strerror or exc}); point it at a JSON or TOML file of "
+            f"{what}"
+        ) from None
+    doc: Any
+    if path.lower().endswith(".toml"):
+        try:
+            import tomllib  # Python >= 3.11
+        except ModuleNotFoundError:
+            raise UsageError(f"{source}: TOML needs Python >= 3.11; use JSON") from None
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"{source}: not valid TOML ({exc})") from None
+    else:
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UsageError(
+                f"{source}: not valid JSON (line {exc.lineno}: {exc.msg}); use a .toml name for "
+                "TOML"
+            ) from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{source}: expected an object of {what}")
+    return doc
 
 
 def resolve(

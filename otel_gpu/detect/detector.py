@@ -8,15 +8,17 @@ end (a leak's floor stops rising, a stalled job works again, a temperature falls
 breaker keeps a subject OPEN while a condition that opened it is active, so "resolved" means
 the problem stopped, not merely that it stopped being new.
 
-Adding a detector: one class with this shape (usually in its own module, with its settings in
-``config.py``) and one entry in ``DETECTORS``.
+Adding a detector: one class with this shape (usually in its own module, its settings fields
+in ``settings.py``) and one entry in ``DETECTORS``; its ``KINDS`` become stop kinds by
+themselves. A class of this shape in ``otel_gpu.detect`` left out of ``DETECTORS`` fails
+``tests/test_detect_registry.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from otel_gpu.detect.model import Alert, Point
 from otel_gpu.detect.settings import DetectConfig
@@ -40,6 +42,10 @@ class Condition:
 
 class Detector(Protocol):
     """One detector's evidence about one subject."""
+
+    # The alert kinds (model.LEAK, STALL ...) its alerts and conditions carry: what
+    # OTEL_GPU_STOP_KINDS accepts is derived from these (engine.ALERT_KINDS).
+    KINDS: ClassVar[tuple[str, ...]]
 
     def __init__(self, cfg: DetectConfig) -> None: ...
 

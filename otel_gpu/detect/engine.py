@@ -26,16 +26,20 @@ from otel_gpu.detect.settings import DetectConfig
 from otel_gpu.detect.stall import StallDetector
 from otel_gpu.detect.threshold import AnomalyDetector, ThresholdDetector
 
-__all__ = ["DETECTORS", "DetectConfig", "Engine"]
+__all__ = ["ALERT_KINDS", "DETECTORS", "DetectConfig", "Engine"]
 
 # Every detector the engine runs, in the order their alerts are reported. A new detector is a
-# class implementing detector.Detector plus one entry here.
+# class implementing detector.Detector plus one entry here (tests/test_detect_registry.py
+# fails for a class of that shape in otel_gpu.detect that is not listed).
 DETECTORS: tuple[type[Detector], ...] = (
     LeakDetector,
     StallDetector,
     ThresholdDetector,
     AnomalyDetector,
 )
+# Every alert kind the registered detectors raise, in their order: the kinds an alert may stop
+# the job for (OTEL_GPU_STOP_KINDS, actions/settings.py).
+ALERT_KINDS: tuple[str, ...] = tuple(dict.fromkeys(k for d in DETECTORS for k in d.KINDS))
 
 
 class _Subject:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import ClassVar
 
 from otel_gpu.core.units import duration
 from otel_gpu.detect.detector import NO_ALERTS, Condition, gb
@@ -63,6 +64,7 @@ class LeakDetector:
     """The leak evidence of one subject (a detector.Detector). ``observe`` alerts when a leak
     starts; while it is active, ``rate`` and ``exhaust_at`` follow the floor (see ``_track``)."""
 
+    KINDS: ClassVar[tuple[str, ...]] = (LEAK,)
     __slots__ = (
         "cfg",
         "levels",

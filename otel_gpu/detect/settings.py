@@ -61,7 +61,7 @@ class DetectConfig:
     )
     # 1.4 kB/s = 5 MB/h
     leak_min_rate_bytes_per_s: float = _declare(
-        5e6 / 3600.0, _NON_NEGATIVE, "ignore growth slower than this"
+        5e6 / 3600.0, _NON_NEGATIVE, "ignore growth slower than this (the default: 5 MB/h)"
     )
     leak_min_rise_bytes: float = _declare(
         32 * _MIB, _NON_NEGATIVE, "ignore growth smaller than this over the window"
@@ -224,12 +224,25 @@ class DetectConfig:
         return dataclasses.replace(self, **changes)
 
 
+def _shown(default: Any) -> str:
+    """A default as the README table shows it: the exact value, so that parsing the README's
+    text gives the object's default back (tests/test_settings.py), whole numbers without ".0"."""
+    if isinstance(default, bool):
+        return str(default).lower()
+    if isinstance(default, tuple):
+        return ",".join(default) or "—"
+    if isinstance(default, float) and default.is_integer():
+        return str(int(default))
+    return repr(default)
+
+
 def _setting(f: dataclasses.Field[Any]) -> Setting:
-    shown = ",".join(f.default) if isinstance(f.default, tuple) else f"{f.default:g}"
-    if isinstance(f.default, bool):
-        shown = str(f.default).lower()
     return Setting(
-        f.name, ENV_PREFIX + f.name.upper(), f.metadata["parse"], f.metadata["doc"], shown or "—"
+        f.name,
+        ENV_PREFIX + f.name.upper(),
+        f.metadata["parse"],
+        f.metadata["doc"],
+        _shown(f.default),
     )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from otel_gpu.core.units import duration
 from otel_gpu.detect.detector import NO_ALERTS, Condition, gb
@@ -53,6 +54,7 @@ class StallFinding:
 class StallDetector:
     """The stall evidence of one subject, a handful of floats (a detector.Detector)."""
 
+    KINDS: ClassVar[tuple[str, ...]] = (STALL,)
     __slots__ = (
         "cfg",
         "since",

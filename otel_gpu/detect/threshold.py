@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from otel_gpu.detect.detector import NO_ALERTS, Condition
 from otel_gpu.detect.model import ANOMALY, HARDWARE, THRESHOLD, Alert, Point
@@ -31,6 +32,7 @@ class ThresholdDetector:
     """Memory utilization high and rising; temperature high; ECC and Xid counters increasing
     (one subject's rules, a detector.Detector)."""
 
+    KINDS: ClassVar[tuple[str, ...]] = (THRESHOLD, HARDWARE)
     __slots__ = ("cfg", "mem_base", "mem_alerted", "temp_alerted", "ecc", "xid", "since")
 
     def __init__(self, cfg: DetectConfig) -> None:
@@ -140,6 +142,7 @@ class AnomalyDetector:
     """EWMA mean and variance per configured metric (``anomaly_metrics``); alert leaving the
     mean +- k sigma band (one subject's, a detector.Detector)."""
 
+    KINDS: ClassVar[tuple[str, ...]] = (ANOMALY,)
     __slots__ = ("cfg", "stats", "since")
 
     def __init__(self, cfg: DetectConfig) -> None:

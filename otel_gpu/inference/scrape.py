@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from otel_gpu.core import signals as sig
+from otel_gpu.core.signals import Signal, observable
 from otel_gpu.inference.engines import ServerState, parse_exposition
 
 log = logging.getLogger("otel_gpu.inference")
@@ -26,6 +28,15 @@ MAX_BODY_BYTES = 8 * 1024 * 1024  # a vLLM exposition with histograms is ~100 KB
 _FRESH_INTERVALS = 3.0
 # No proxy: the server is in the pod, and a pod's HTTP_PROXY must not carry the scrape away.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+# The normalized instruments: each signal and the ServerState field it reports.
+_INSTRUMENTS: tuple[tuple[Signal, Callable[[ServerState], float | None]], ...] = (
+    (sig.INFERENCE_KV_CACHE_UTILIZATION, lambda s: s.kv_cache_utilization),
+    (sig.INFERENCE_REQUESTS_RUNNING, lambda s: s.requests_running),
+    (sig.INFERENCE_REQUESTS_WAITING, lambda s: s.requests_waiting),
+    (sig.INFERENCE_PREEMPTIONS, lambda s: s.preemptions),
+    (sig.INFERENCE_QUEUE_TIME, lambda s: s.queue_seconds),
+)
 
 
 class ServerScraper:
@@ -98,55 +109,9 @@ class ServerScraper:
     # -- the normalized instruments --------------------------------------------------------
 
     def register_instruments(self, meter: Meter) -> list[object]:
-        """``otel_gpu.inference.*`` (see README "Kubernetes"), with ``otel_gpu.inference.engine``."""
-        table: tuple[tuple[str, str, str, str, Callable[[ServerState], float | None]], ...] = (
-            (
-                "gauge",
-                "otel_gpu.inference.kv_cache.utilization",
-                "1",
-                "Fraction of the inference server's KV cache in use",
-                lambda s: s.kv_cache_utilization,
-            ),
-            (
-                "gauge",
-                "otel_gpu.inference.requests.running",
-                "{request}",
-                "Requests the inference server is running",
-                lambda s: s.requests_running,
-            ),
-            (
-                "gauge",
-                "otel_gpu.inference.requests.waiting",
-                "{request}",
-                "Requests queued in the inference server, waiting to run",
-                lambda s: s.requests_waiting,
-            ),
-            (
-                "counter",
-                "otel_gpu.inference.preemptions",
-                "{preemption}",
-                "Requests the inference server preempted (KV cache exhausted)",
-                lambda s: s.preemptions,
-            ),
-            (
-                "counter",
-                "otel_gpu.inference.queue.time",
-                "s",
-                "Cumulative time requests spent queued in the inference server",
-                lambda s: s.queue_seconds,
-            ),
-        )
-        made: list[object] = []
-        for kind, name, unit, description, read in table:
-            create = (
-                meter.create_observable_gauge
-                if kind == "gauge"
-                else meter.create_observable_counter
-            )
-            made.append(
-                create(name, callbacks=[self._callback(read)], unit=unit, description=description)
-            )
-        return made
+        """``otel_gpu.inference.*`` (``otel_gpu.core.signals.inference``; README "Kubernetes"),
+        with ``otel_gpu.inference.engine``."""
+        return [observable(meter, signal, [self._callback(read)]) for signal, read in _INSTRUMENTS]
 
     def _callback(
         self, read: Callable[[ServerState], float | None]
@@ -158,6 +123,6 @@ class ServerScraper:
             value = read(state)
             if value is None:
                 return []
-            return [Observation(value, {"otel_gpu.inference.engine": state.engine})]
+            return [Observation(value, {sig.INFERENCE_ENGINE: state.engine})]
 
         return observe

@@ -30,7 +30,9 @@ from collections.abc import Callable, Mapping
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from otel_gpu.agent.labels import NO_LABELS, SeriesLabels
-from otel_gpu.k8s.node_map import ORPHAN_REASON, POD_GONE, POD_UID, Identity, Row, map_node
+from otel_gpu.core import signals as sig
+from otel_gpu.core.signals import observable
+from otel_gpu.k8s.node_map import POD_UID, Identity, Row, map_node
 from otel_gpu.k8s.pod import read_cgroup
 from otel_gpu.k8s.podlogs import PodDir, read_pod_logs
 from otel_gpu.k8s.podresources import Allocation, PodResourcesClient
@@ -127,11 +129,11 @@ class NodeAttribution:
     def _warn_orphans(self, rows: list[Row]) -> None:
         current = set()
         for value, attrs in rows:
-            key = (attrs["process.pid"], attrs["hw.id"], attrs[ORPHAN_REASON])
+            key = (attrs[sig.PROCESS_PID], attrs[sig.HW_ID], attrs[sig.ORPHAN_REASON])
             current.add(key)
             if key in self._orphans_logged:
                 continue
-            if key[2] == POD_GONE:
+            if key[2] == sig.POD_GONE:
                 why = f"its pod {attrs[POD_UID]} no longer runs on this node"
             else:
                 why = (
@@ -187,19 +189,10 @@ class NodeAttribution:
         self._client.close()
 
     def register_instruments(self, meter: Meter) -> None:
-        meter.create_observable_gauge(
-            "otel_gpu.gpu.allocated",
-            callbacks=[self._observe(lambda: self.allocated)],
-            unit="1",
-            description="1 per GPU and the container it is allocated to (k8s.* attributes)",
-        )
-        meter.create_observable_up_down_counter(
-            "otel_gpu.gpu.memory.orphaned",
-            callbacks=[self._observe(lambda: self.orphaned)],
-            unit="By",
-            description="GPU memory held by a process on a GPU no pod is allocated (no_pod) "
-            "or by a process of a pod the node no longer runs (pod_gone)",
-        )
+        """``otel_gpu.gpu.allocated`` and ``otel_gpu.gpu.memory.orphaned`` (signals.k8s), read
+        from the last refresh's rows."""
+        observable(meter, sig.GPU_ALLOCATED, [self._observe(lambda: self.allocated)])
+        observable(meter, sig.GPU_MEMORY_ORPHANED, [self._observe(lambda: self.orphaned)])
 
     @staticmethod
     def _observe(rows: Callable[[], list[Row]]) -> Callable[[CallbackOptions], list[Observation]]:

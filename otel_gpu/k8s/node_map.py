@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_gpu.agent.labels import Extra, SeriesLabels
+from otel_gpu.core.signals import GPU_IN_USE, NO_POD, ORPHAN_REASON, POD_GONE
 from otel_gpu.k8s.podlogs import PodDir
 from otel_gpu.k8s.podresources import Allocation
 from otel_gpu.sampling.snapshot import Snapshot
@@ -29,9 +30,6 @@ Identity = Mapping[str, str]  # a process's cgroup attributes: k8s.pod.uid, cont
 
 POD_UID = "k8s.pod.uid"
 CONTAINER_ID = "container.id"
-ORPHAN_REASON = "otel_gpu.orphan.reason"
-NO_POD = "no_pod"  # on a GPU no pod is allocated
-POD_GONE = "pod_gone"  # its cgroup names a pod the node no longer runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +182,7 @@ def _allocated(
                 "k8s.pod.name": a.pod,
                 "k8s.namespace.name": a.namespace,
                 "k8s.container.name": a.container,
-                "otel_gpu.gpu.in_use": uuid in used,
+                GPU_IN_USE: uuid in used,
             }
             uid = uid_named(a.namespace, a.pod, uuid) or (
                 owners[uuid].uid if len(holders[uuid]) == 1 else None
@@ -202,7 +200,7 @@ def _allocated(
             if uid is None or (uuid, uid) in seen:
                 continue
             seen.add((uuid, uid))
-            rows.append((1.0, {"hw.id": uuid, **identity, "otel_gpu.gpu.in_use": True}))
+            rows.append((1.0, {"hw.id": uuid, **identity, GPU_IN_USE: True}))
     return rows
 
 

@@ -39,6 +39,7 @@ from otel_gpu import __version__
 from otel_gpu.core.addresses import parse_hostport
 from otel_gpu.core.prometheus import ScrapeEndpoint
 from otel_gpu.core.shutdown import shutdown_provider
+from otel_gpu.core.signals import COUNTER, GAUGE, UPDOWN, Signal, observable
 from otel_gpu.processor.outputs import SCOPE_NAME
 
 # Sources of published requests; each replaces only its own points.
@@ -122,16 +123,12 @@ class ProcessorScrape:
             if name in self._instruments:
                 return
             self._instruments.add(name)
-        create: Any
-        if kind == "gauge":
-            create = self._meter.create_observable_gauge
-        elif metric.sum.is_monotonic:
-            create = self._meter.create_observable_counter
-        else:
-            create = self._meter.create_observable_up_down_counter
-        create(
-            name, callbacks=[self._reader(name)], unit=metric.unit, description=metric.description
-        )
+        monotonic = kind == "sum" and metric.sum.is_monotonic
+        served_kind = GAUGE if kind == "gauge" else COUNTER if monotonic else UPDOWN
+        # Re-served as published (the contract's names, units and kinds: outputs.py,
+        # telemetry.py), through the one guarded way instruments are made.
+        served = Signal(name, served_kind, metric.unit, metric.description)
+        observable(self._meter, served, [self._reader(name)])
 
     def _reader(self, name: str) -> Any:
         def observe(_options: CallbackOptions) -> Iterable[Observation]:
