@@ -101,6 +101,12 @@ class Diagnosis:
     took_s: float | None = None  # wall time the diagnosis took
     error: str | None = None  # why it found nothing, when it could not look
 
+    def shown(self, n: int = 3) -> list[str]:
+        """The first ``n`` lines a person reads, or the one line saying why there are none."""
+        if self.lines:
+            return list(self.lines[:n])
+        return [f"no diagnosis: {self.error}"] if self.error else []
+
 
 @dataclass(frozen=True, slots=True)
 class Alert:
