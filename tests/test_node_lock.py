@@ -104,8 +104,12 @@ def test_only_a_directory_only_this_user_can_write_holds_the_lock(
 
 
 def test_the_default_lock_lives_in_a_private_directory(tmp_path: Path) -> None:
-    """Without OTEL_GPU_LOCK_DIR, the lock goes in <temp>/otel-gpu-<uid>, created 0700."""
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    """Without OTEL_GPU_LOCK_DIR, the lock goes in <temp>/otel-gpu-<uid>, created 0700 (the
+    runtime directory, when neither OTEL_GPU_RUNTIME_DIR nor XDG_RUNTIME_DIR names one)."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("OTEL_GPU_RUNTIME_DIR", "XDG_RUNTIME_DIR")
+    }
+    env["TMPDIR"] = str(tmp_path)
     res = subprocess.run(
         [sys.executable, "-c", "from otel_gpu.agent.node_lock import acquire_node_lock as a; print(a())"],
         capture_output=True, text=True, timeout=30, env=env,

@@ -199,8 +199,9 @@ def test_readme_tables_match_the_declarations(setting: Setting) -> None:
 
 
 # Named in the tables but not settings of a declaration here: trace context the launcher sets,
-# and the path of the actions' config file (read before the settings it holds).
-NOT_DECLARED = {"OTEL_GPU_TRAIN_TRACEPARENT", "OTEL_GPU_ACTIONS_CONFIG"}
+# the path of the actions' config file (read before the settings it holds), and the runtime
+# directory every process resolves for itself (otel_gpu/core/runtime_dir.py).
+NOT_DECLARED = {"OTEL_GPU_TRAIN_TRACEPARENT", "OTEL_GPU_ACTIONS_CONFIG", "OTEL_GPU_RUNTIME_DIR"}
 
 
 def test_every_variable_in_the_readme_tables_is_declared() -> None:
@@ -248,7 +249,7 @@ SHOWN_IN_WORDS = {
     "in memory",
     "SDK default",
     "10 s",
-    "`<temp dir>/otel-gpu-<uid>` (created 0700)",
+    "the runtime directory (`OTEL_GPU_RUNTIME_DIR`)",
 }
 
 

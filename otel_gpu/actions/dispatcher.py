@@ -20,9 +20,11 @@ from otel_gpu.actions.http import build_opener, post, retry_after_s
 from otel_gpu.actions.notifiers import Reply, WebhookNotifier
 from otel_gpu.actions.outbox import Delivery, DeliveryStats, Outbox, RetryPolicy
 from otel_gpu.actions.settings import ActionsConfig
-from otel_gpu.actions.span_event import add_alert_event
+from otel_gpu.actions.span_event import DIAGNOSIS_LINES, add_alert_event
 from otel_gpu.actions.stop import JobStopper
+from otel_gpu.core.redact import redact_text
 from otel_gpu.core.signals import (
+    ALERT_DIAGNOSIS,
     ALERT_KIND,
     ALERT_SEVERITY,
     BREAKER_EPISODE,
@@ -173,15 +175,21 @@ class ActionDispatcher:
                 extra[LEAK_RATE.name] = a.rate_bytes_per_s
             if a.eta_s is not None:
                 extra[TIME_TO_EXHAUSTION.name] = a.eta_s
+        where = ""
+        if a is not None and a.diagnosis is not None and t.to_state == OPEN:
+            shown = [redact_text(line) for line in a.diagnosis.shown(DIAGNOSIS_LINES)]
+            extra[ALERT_DIAGNOSIS] = shown
+            where = f"; where: {shown[0]}" if shown else ""
         level = logging.WARNING if t.to_state == OPEN else logging.INFO
         log.log(
             level,
-            "breaker %s: %s -> %s (episode %d): %s",
+            "breaker %s: %s -> %s (episode %d): %s%s",
             t.subject,
             t.from_state,
             t.to_state,
             t.episode,
             t.reason,
+            where,
             extra=extra,
         )
 

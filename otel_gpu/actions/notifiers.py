@@ -92,6 +92,8 @@ def format_text(t: Transition, source: str = "") -> tuple[str, str]:
             facts.append(f"confidence {a.confidence:.2f}")
         if facts:
             lines.append(", ".join(facts))
+        if a.diagnosis is not None:
+            lines.extend(a.diagnosis.shown(3))
     lines.append(f"episode {t.episode}, {t.from_state} -> {t.to_state} at t={t.time:g} s")
     return redact_text(title), redact_text("\n".join(lines))
 

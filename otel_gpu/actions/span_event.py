@@ -17,6 +17,8 @@ from opentelemetry.util.types import AttributeValue
 from otel_gpu.core.redact import redact_text
 from otel_gpu.core.signals import (
     ALERT_CONFIDENCE,
+    ALERT_DIAGNOSIS,
+    ALERT_DIAGNOSIS_KIND,
     ALERT_EVENT,
     ALERT_KIND,
     ALERT_MESSAGE,
@@ -28,6 +30,8 @@ from otel_gpu.core.signals import (
     TIME_TO_EXHAUSTION,
 )
 from otel_gpu.detect.model import Alert
+
+DIAGNOSIS_LINES = 5  # lines of an alert's diagnosis on its span event (bounded attributes)
 
 _lock = threading.Lock()
 _job_span: trace.Span | None = None
@@ -65,6 +69,11 @@ def alert_attributes(alert: Alert) -> dict[str, AttributeValue]:
     for key, value in optional:
         if value is not None and math.isfinite(value):
             attrs[key] = float(value)
+    if alert.diagnosis is not None:
+        attrs[ALERT_DIAGNOSIS_KIND] = alert.diagnosis.kind
+        shown = alert.diagnosis.shown(DIAGNOSIS_LINES)
+        if shown:
+            attrs[ALERT_DIAGNOSIS] = tuple(redact_text(line) for line in shown)
     return attrs
 
 

@@ -1,20 +1,20 @@
 """One sampler per node: an ``flock`` on a file in a directory only this user can write.
 
 The kernel releases the lock when the owner exits, so a crashed owner never blocks the next
-one. The file is opened with ``O_NOFOLLOW`` inside a private directory: in a shared temp dir,
-another user could plant a symlink at the lock's name and have it truncate any file we can
-write.
+one. It lives in this user's private runtime directory (:mod:`otel_gpu.core.runtime_dir`), so
+another user cannot take it first and switch our sampling off, and the file is opened with
+``O_NOFOLLOW``: in a shared directory another user could plant a symlink at the lock's name and
+have it truncate any file we can write.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import logging
 import os
-import stat
-import tempfile
+
+from otel_gpu.core.runtime_dir import private_problem, runtime_dir
 
 log = logging.getLogger("otel_gpu.agent")
 
@@ -24,30 +24,9 @@ _held: int | None = None  # the descriptor that holds this process's lock
 
 
 def lock_directory(lock_dir: str | None = None) -> str:
-    """``lock_dir``, or ``<temp dir>/otel-gpu-<uid>`` (created private when missing)."""
-    if lock_dir:
-        return lock_dir
-    path = os.path.join(tempfile.gettempdir(), f"otel-gpu-{os.getuid()}")
-    with contextlib.suppress(OSError):  # it exists, or private_problem() will say why not
-        os.mkdir(path, 0o700)
-    return path
-
-
-def private_problem(path: str) -> str | None:
-    """Why ``path`` is not a directory only this user can write, or None when it is."""
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    if stat.S_ISLNK(st.st_mode):
-        return "it is a symbolic link"
-    if not stat.S_ISDIR(st.st_mode):
-        return "it is not a directory"
-    if st.st_uid != os.getuid():
-        return f"it belongs to uid {st.st_uid}, not to this user ({os.getuid()})"
-    if st.st_mode & 0o022:
-        return f"others can write to it (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
+    """``lock_dir`` (``OTEL_GPU_LOCK_DIR``), or this user's private runtime directory
+    (:func:`otel_gpu.core.runtime_dir.runtime_dir`: never one another user created first)."""
+    return lock_dir or runtime_dir()
 
 
 def open_node_lock(lock_dir: str | None = None) -> int | None:
@@ -55,7 +34,7 @@ def open_node_lock(lock_dir: str | None = None) -> int | None:
     holds it or it cannot be taken safely (logged with the reason)."""
     directory = lock_directory(lock_dir)
     path = os.path.join(directory, LOCK_FILE)
-    problem = private_problem(directory)
+    problem = private_problem(directory, others_may_read=True)
     if problem:
         log.warning(
             "cannot use the node lock directory %s (%s); not sampling in this process "

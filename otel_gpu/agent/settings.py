@@ -159,7 +159,7 @@ DECLARED = (
         "lock_dir", "OTEL_GPU_LOCK_DIR", text,
         "where the one-sampler-per-node lock lives: a directory only you can write (others' "
         "write access is refused; the lock file is never followed through a symlink)",
-        "`<temp dir>/otel-gpu-<uid>` (created 0700)",
+        "the runtime directory (`OTEL_GPU_RUNTIME_DIR`)",
     ),
     Setting(
         "sampler", "OTEL_GPU_SAMPLER", choice(SAMPLER_MODES),

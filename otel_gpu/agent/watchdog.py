@@ -23,6 +23,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from otel_gpu.actions.settings import ActionsConfig
 from otel_gpu.actions.stop import start_ticks as read_start_ticks
 from otel_gpu.actions.trainers import Trainers
+from otel_gpu.agent.diagnosis import DiagnosisQueue
 from otel_gpu.agent.points import snapshot_points
 from otel_gpu.core.signals import (
     ALERT_KIND,
@@ -117,6 +118,9 @@ class Watchdog:
         # After each sweep's detection, on the sampler thread: the snapshot and the points the
         # engine judged, by subject (what a recording must hold to replay the same alerts).
         self.sweep_listeners: list[Callable[[Snapshot, list[tuple[str, Point]]], None]] = []
+        # Alerts of the kinds a diagnoser is registered for wait here (with the transitions of
+        # their subject) until their diagnosis is attached; see agent/diagnosis.py.
+        self.diagnosis: DiagnosisQueue | None = None
 
     @classmethod
     def build(
@@ -169,12 +173,18 @@ class Watchdog:
             with self._lock:
                 self._attrs[subject] = attrs
             for alert in self.engine.observe(subject, point):
+                caused = self.breaker.record_alert(alert)
+                if self.diagnosis is not None and self.diagnosis.takes(alert):
+                    self.diagnosis.submit(alert, caused)
+                    continue
                 self._on_alert(alert)
-                transitions.extend(self.breaker.record_alert(alert))
+                transitions.extend(caused)
         self._forget_absent(seen)
         transitions.extend(self.breaker.advance_all(snap.time, self.engine.active_kinds))
         for t in transitions:
-            self._on_transition(t)
+            if self.diagnosis is None or not self.diagnosis.hold(t):
+                self._on_transition(t)
+        self._release_diagnosed()
         leaks = self._live_leaks()
         with self._lock:
             self._leak = leaks
@@ -202,6 +212,14 @@ class Watchdog:
         """The trainers that are still the same processes now, so a PID reused since the last
         sweep is never signalled. Called only when a stop fires."""
         return self._trainers.verified()
+
+    def _release_diagnosed(self, force: bool = False) -> None:
+        if self.diagnosis is None:
+            return
+        for alert, transitions in self.diagnosis.release(force=force):
+            self._on_alert(alert)
+            for t in transitions:
+                self._on_transition(t)
 
     def _on_alert(self, alert: Alert) -> None:
         with self._lock:
@@ -284,5 +302,10 @@ class Watchdog:
         return self._attrs.get(subject) or {SUBJECT_NAME: subject}
 
     def close(self, timeout_s: float = 5.0) -> None:
+        """Release every held alert (with what its diagnosis found by now), then flush the
+        actions within ``timeout_s``."""
+        if self.diagnosis is not None:
+            self._release_diagnosed(force=True)
+            self.diagnosis.close()
         if self.dispatcher is not None:
             self.dispatcher.close(timeout_s)

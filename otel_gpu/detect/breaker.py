@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from otel_gpu.core.settings import Setting, number, resolve
-from otel_gpu.detect.model import Alert
+from otel_gpu.detect.model import Alert, alert_from_dict
 
 CLOSED = "closed"
 OPEN = "open"
@@ -301,7 +301,7 @@ class Breaker:
                     last_time=_num_in(d["last_time"]),
                     episode=int(d["episode"]),
                     alert_times=deque(float(x) for x in d["alert_times"]),
-                    last_alert=None if alert is None else Alert(**alert),
+                    last_alert=None if alert is None else alert_from_dict(alert),
                     held={str(k) for k in d.get("held", ())},
                     clear_since=_clear_since_in(d),
                 )

@@ -84,6 +84,31 @@ NUMERIC_FIELDS = _numeric_fields()
 
 
 @dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """Where and why: what attribution found for an alert's subject (the holders of leaked
+    memory, the rank and frame a hang sits in, the collective a rank never joined).
+
+    Produced by :mod:`otel_gpu.diagnose` outside the engine (it reads the job's processes) and
+    attached to an :class:`Alert` before actions run; every output carries it. ``lines`` are
+    human text, most telling first (notifiers show the first three); ``data`` is the same as
+    JSON-able structure (``--summary-json``, ``--record``, ``diagnose --json``). Neither holds a
+    tensor's values, and both pass redaction before they leave the machine.
+    """
+
+    kind: str  # "memory" | "stall" | ... : which diagnosis ran
+    lines: tuple[str, ...]
+    data: Mapping[str, Any] = field(default_factory=dict)
+    took_s: float | None = None  # wall time the diagnosis took
+    error: str | None = None  # why it found nothing, when it could not look
+
+    def shown(self, n: int = 3) -> list[str]:
+        """The first ``n`` lines a person reads, or the one line saying why there are none."""
+        if self.lines:
+            return list(self.lines[:n])
+        return [f"no diagnosis: {self.error}"] if self.error else []
+
+
+@dataclass(frozen=True, slots=True)
 class Alert:
     """One finding. ``subject`` names what it is about (a GPU, a process, a job)."""
 
@@ -97,3 +122,14 @@ class Alert:
     window_s: float | None = None  # evidence window
     confidence: float | None = None  # 0..1
     evidence: dict[str, float | str] = field(default_factory=dict)
+    diagnosis: Diagnosis | None = None  # attached by the agent, not by the engine
+
+
+def alert_from_dict(record: Mapping[str, Any]) -> Alert:
+    """The :class:`Alert` that ``dataclasses.asdict`` turned into ``record`` (saved state); an
+    unknown key raises TypeError."""
+    values = dict(record)
+    found = values.get("diagnosis")
+    if isinstance(found, Mapping):
+        values["diagnosis"] = Diagnosis(**{**found, "lines": tuple(found.get("lines", ()))})
+    return Alert(**values)

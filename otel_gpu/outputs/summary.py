@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from otel_gpu.core import units
+from otel_gpu.core.redact import redact_value
 from otel_gpu.detect.breaker import Transition
 from otel_gpu.detect.engine import Engine
 from otel_gpu.detect.model import Alert, Point
@@ -145,6 +146,7 @@ class RunSummary:
                     "message": a.message,
                     "rate_bytes_per_s": a.rate_bytes_per_s,
                     "eta_s": a.eta_s,
+                    "diagnosis": diagnosis_record(a),
                 }
                 for a in self.alerts
             ],
@@ -201,6 +203,11 @@ def render(data: dict[str, Any], console: Console) -> None:
     lines.append(Text(f"alerts: {len(alerts) + data.get('alerts_not_listed', 0)}"))
     for a in alerts[:5]:
         lines.append(Text(f"  {a['kind']} {a['label']}: {a['message']}", style="yellow"))
+        found = a.get("diagnosis") or {}
+        for line in (found.get("lines") or [])[:3]:
+            lines.append(Text(f"    {line}"))
+        if found and not found.get("lines") and found.get("error"):
+            lines.append(Text(f"    no diagnosis: {found['error']}", style="dim"))
     if len(alerts) > 5:
         lines.append(Text(f"  ... {len(alerts) - 5} more (see --summary-json)", style="dim"))
     acts = data.get("actions") or {}
@@ -213,3 +220,19 @@ def render(data: dict[str, Any], console: Console) -> None:
             )
         )
     console.print(Group(*lines))
+
+
+def diagnosis_record(alert: Alert) -> dict[str, Any] | None:
+    """An alert's diagnosis as JSON (credentials masked), or None when it had none."""
+    d = alert.diagnosis
+    if d is None:
+        return None
+    return redact_value(
+        {
+            "kind": d.kind,
+            "lines": list(d.lines),
+            "data": dict(d.data),
+            "took_s": d.took_s,
+            "error": d.error,
+        }
+    )

@@ -40,7 +40,7 @@ from otel_gpu.core.errors import UsageError
 from otel_gpu.core.redact import COMMAND_REDACTED
 from otel_gpu.core.redact_sdk import RedactingLogProcessor, redact_resource
 from otel_gpu.core.shutdown import close_all
-from otel_gpu.tracing import context, ids, progress
+from otel_gpu.tracing import context, ids, inprocess, progress
 
 log = logging.getLogger("otel_gpu.distro")
 
@@ -105,6 +105,7 @@ def build(
 
     progress.register(meter_provider)
     _hook_torch(meter_provider)
+    inprocess.serve()  # what otel-gpu may ask this process (docs/inprocess.md)
     atexit.register(shutdown, setup)
     return setup
 

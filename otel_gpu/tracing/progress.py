@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -58,13 +59,21 @@ _load_started_ns: int | None = None
 _load_reported = False
 _registered: set[int] = set()  # id() of meter providers that have our instruments
 _lock = threading.Lock()
+# The last step ends, (sequence number, step, wall time s), for whoever polls this process over
+# its control socket (tracing/inprocess.py): a poller that remembers the last sequence number it
+# saw loses no step between two polls, as long as fewer than STEP_RING steps end in between.
+STEP_RING = 1024
+_step_ends: deque[tuple[int, int, float]] = deque(maxlen=STEP_RING)
+_step_seq = 0
 
 
 def _reset_after_fork() -> None:
     # A forked child is not the owner; it must report nothing (see module docstring).
-    global _step
+    global _step, _step_seq
     _step = None
     _phases.clear()
+    _step_ends.clear()
+    _step_seq = 0
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
@@ -76,9 +85,20 @@ def in_owner() -> bool:
 
 
 def set_step(step: int) -> None:
-    """The current global step (optimizer steps done)."""
-    global _step
-    _step = int(step)
+    """The current global step (optimizer steps done); a new value is a step's end."""
+    global _step, _step_seq
+    step = int(step)
+    if step != _step:
+        _step_seq += 1
+        _step_ends.append((_step_seq, step, time.time()))  # deque.append: atomic under the GIL
+    _step = step
+
+
+def step_ends_since(seq: int) -> tuple[int, list[tuple[int, int, float]]]:
+    """The latest sequence number and the step ends after ``seq`` (oldest first)."""
+    ends = list(_step_ends)  # one copy: the training thread may append meanwhile
+    latest = ends[-1][0] if ends else _step_seq
+    return latest, [e for e in ends if e[0] > seq]
 
 
 def current_step() -> int | None:

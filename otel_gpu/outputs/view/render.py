@@ -79,10 +79,12 @@ def alert_line(frame: Frame) -> Text:
     # On the view's own clock (data time since the first sweep), like "up" in the header.
     when = clock(max(0.0, frame.elapsed_s - (frame.time - a.time)))
     style = "bold red" if a.severity == "critical" else "yellow"
+    where = a.diagnosis.shown(1) if a.diagnosis is not None else []
     return Text.assemble(
         "last alert ",
         (f"{when} {a.kind}", style),
         f" {frame.last_alert_label or a.subject}: {a.message}",
+        *((f" · where: {where[0]}",) if where else ()),
     )
 
 

@@ -1,0 +1,88 @@
+"""The trainer side of the control channel: what otel-gpu may ask this process
+(docs/inprocess.md, :mod:`otel_gpu.core.channel`).
+
+Started by the tracing pipeline in every ``trainer`` and ``node`` process. Base operations:
+
+- ``hello``: who this is (pid, rank, local rank, world size, version, the operations served);
+- ``progress``: the phase and step now, and the step ends after the caller's ``since``
+  sequence number (``[[seq, step, wall_time_s], ...]``, oldest first).
+
+Other concerns (memory census, stacks, flight-recorder dumps) register their own operations
+with :func:`register`. Handlers run on the channel's request threads, never on the job's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from otel_gpu import __version__
+from otel_gpu.core.channel import ControlServer, Handler, socket_path
+from otel_gpu.core.runtime_dir import runtime_dir
+from otel_gpu.tracing import context, progress
+
+log = logging.getLogger("otel_gpu.tracing")
+
+_lock = threading.Lock()
+_server: ControlServer | None = None
+_pending: dict[str, Handler] = {}
+
+
+def _hello(_request: Mapping[str, Any]) -> Mapping[str, Any]:
+    rank = context.RankInfo.from_env()
+    ops = _server.ops if _server is not None else []
+    return {
+        "pid": os.getpid(),
+        "rank": rank.rank,
+        "local_rank": rank.local_rank,
+        "world_size": rank.world_size,
+        "version": __version__,
+        "ops": ops,
+    }
+
+
+def _progress(request: Mapping[str, Any]) -> Mapping[str, Any]:
+    since = request.get("since", 0)
+    since = since if isinstance(since, int) and since >= 0 else 0
+    seq, ends = progress.step_ends_since(since)
+    lost = max(0, (ends[0][0] - since - 1) if ends else 0)
+    return {
+        "phase": progress.current_phase(),
+        "step": progress.current_step(),
+        "seq": seq,
+        "steps": [list(e) for e in ends],
+        "lost": lost,  # step ends the ring no longer held
+    }
+
+
+BASE_OPS: dict[str, Handler] = {"hello": _hello, "progress": _progress}
+
+
+def serve() -> ControlServer | None:
+    """Serve this process's control socket (once); never raises. None when it cannot."""
+    global _server
+    with _lock:
+        if _server is not None:
+            return _server
+        try:
+            path = socket_path(runtime_dir(), os.getpid())
+            _server = ControlServer(path, {**BASE_OPS, **_pending})
+        except Exception as exc:  # never harm the job: it runs on without the channel
+            log.warning("otel-gpu: control socket not served in this process: %s", exc)
+            return None
+        return _server
+
+
+def register(op: str, handler: Handler) -> None:
+    """Serve ``op`` from now on (or from :func:`serve` on, when not serving yet)."""
+    with _lock:
+        _pending[op] = handler
+        if _server is not None:
+            _server.register(op, handler)
+
+
+def server() -> ControlServer | None:
+    return _server
