@@ -26,8 +26,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 
 from otel_gpu.agent.settings import SIM_SCENARIOS, Settings
-from otel_gpu.commands.outputs import RunOutputs
 from otel_gpu.core.settings import Setting, add_options, choice, given, number, resolve
+from otel_gpu.outputs.run_outputs import RunOutputs
 from otel_gpu.outputs.sweeps import labels
 
 GIB = 1024**3

@@ -20,9 +20,9 @@ from otel_gpu.commands.common import (
     settings_from_args,
     setup_logging,
 )
-from otel_gpu.commands.outputs import RunOutputs, add_output_options
 from otel_gpu.core.errors import UsageError
 from otel_gpu.core.job_identity import SERVICE_NAME_ENV, ensure_instance_id, given_service_name
+from otel_gpu.outputs.run_outputs import RunOutputs, add_output_options
 
 log = logging.getLogger("otel_gpu.run")
 

@@ -23,10 +23,10 @@ from otel_gpu.commands.common import (
     settings_from_args,
     setup_logging,
 )
-from otel_gpu.commands.outputs import RunOutputs, add_output_options
 from otel_gpu.core.errors import UsageError
 from otel_gpu.core.settings import add_options
 from otel_gpu.k8s.podlogs import DEFAULT_POD_LOGS
+from otel_gpu.outputs.run_outputs import RunOutputs, add_output_options
 
 if TYPE_CHECKING:
     from otel_gpu.agent.watchdog import DetectionSettings

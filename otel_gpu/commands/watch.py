@@ -16,8 +16,8 @@ from otel_gpu.commands.common import (
     settings_from_args,
     setup_logging,
 )
-from otel_gpu.commands.outputs import RunOutputs, add_output_options
 from otel_gpu.core.errors import UsageError
+from otel_gpu.outputs.run_outputs import RunOutputs, add_output_options
 from otel_gpu.sampling.procfs import read_stat
 
 _PID_MAX = 4194304  # the kernel's largest pid_max
