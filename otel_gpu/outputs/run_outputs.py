@@ -1,6 +1,7 @@
 """What ``run`` / ``watch`` / ``sidecar`` / ``demo`` show and write besides the metrics: the
 live view on stderr, the end-of-run summary (``--summary-json``) and the recording
-(``--record``)."""
+(``--record``). An agent session opens them before the job starts and finishes them after it
+(:mod:`otel_gpu.agent.session`)."""
 
 from __future__ import annotations
 
