@@ -1,6 +1,7 @@
 """The agent: a sampler, the instruments that read it, and (optionally) the detection engine.
 
-``otel-gpu run`` / ``watch`` / ``demo`` build one directly. Auto-instrumented processes call
+``otel-gpu run`` / ``watch`` / ``sidecar`` / ``demo`` build one in an agent session
+(:mod:`otel_gpu.agent.session`). Auto-instrumented processes call
 :func:`start_in_process`, which starts one only in the process that wins the node lock, so a
 torchrun job with eight ranks still has exactly one sampler per node.
 """
@@ -18,7 +19,7 @@ from opentelemetry.metrics import MeterProvider
 from otel_gpu.agent import instruments as metrics
 from otel_gpu.agent import selfmetrics
 from otel_gpu.agent.labels import SeriesLabels
-from otel_gpu.agent.node_lock import acquire_node_lock  # re-exported: the commands import it here
+from otel_gpu.agent.node_lock import acquire_node_lock
 from otel_gpu.agent.selfmetrics import ExportHealth
 from otel_gpu.agent.settings import Settings
 from otel_gpu.sampling.isolated import SamplerProcess, SamplerSpec
@@ -26,7 +27,7 @@ from otel_gpu.sampling.sampler import Sampler
 from otel_gpu.sampling.source import DeviceSource
 
 if TYPE_CHECKING:  # the watchdog (psutil, the engine) is imported only when detection is on
-    from otel_gpu.agent.watchdog import DetectionSettings, InProcessTrainer
+    from otel_gpu.agent.watchdog import DetectionSettings, InProcessTrainer, Watchdog
 
 log = logging.getLogger("otel_gpu.agent")
 
@@ -71,6 +72,7 @@ class Agent:
         phase: Callable[[], str | None] | None = None,
         detection: DetectionSettings | None = None,
         series_labels: Callable[[], SeriesLabels] | None = None,
+        watchdog: Watchdog | None = None,
     ) -> None:
         """``detection``: the engine's, breaker's and actions' settings, resolved where the
         agent is built (default: their defaults); used when ``settings.detect``.
@@ -80,7 +82,9 @@ class Agent:
         (:func:`otel_gpu.agent.export.meter_provider`), for the self-metrics and ``/healthz``.
         ``phase``: the detectors' phase source when it is not an in-process trainer.
         ``series_labels``: extra attributes of GPU and process series (the DaemonSet's
-        ``k8s.*``), looked up at each collection (otel_gpu/agent/labels.py)."""
+        ``k8s.*``), looked up at each collection (otel_gpu/agent/labels.py).
+        ``watchdog``: detection built by the caller (the demo's shortened windows), used
+        whatever ``settings.detect`` says; closed with the agent."""
         self.settings = settings
         self.sampler: Sampler | SamplerProcess
         if source is None and settings.sampler == "process":
@@ -120,8 +124,8 @@ class Agent:
             meter = meter_provider.get_meter("otel_gpu", _version())
             self.instruments = metrics.register(meter, self.sampler.fresh, labels=series_labels)
             self.instruments += selfmetrics.register(meter, self.sampler, self.export_health)
-        self.watchdog: Any = None
-        if settings.detect:
+        self.watchdog: Any = watchdog
+        if watchdog is None and settings.detect:
             from otel_gpu.agent.watchdog import DetectionSettings, Watchdog
 
             self.watchdog = Watchdog.build(
@@ -130,6 +134,7 @@ class Agent:
                 trainer=trainer,
                 phase=phase,
             )
+        if self.watchdog is not None:
             self.sampler.add_listener(self.watchdog.on_snapshot)
             if meter_provider is not None:
                 self.watchdog.register_instruments(meter_provider.get_meter("otel_gpu", _version()))

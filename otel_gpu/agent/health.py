@@ -1,4 +1,4 @@
-"""The agent's health endpoint (``--health HOST:PORT`` on ``run`` and ``watch``).
+"""The agent's health endpoint (``--health HOST:PORT`` on ``run``, ``watch`` and ``sidecar``).
 
 ``GET /healthz`` answers 200 while sampling is fresh and exports succeed, 503 when the last
 snapshot is stale (a sweep that cannot finish, a sampler that keeps crashing) or when exports
@@ -12,9 +12,14 @@ so idle or hostile clients cannot grow threads or block a probe for long.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from otel_gpu.agent.selfmetrics import ExportHealth, SamplingState
 from otel_gpu.core.http import Reply, Route, RouteServer, json_reply
+
+if TYPE_CHECKING:
+    from otel_gpu.agent.agent import Agent
+    from otel_gpu.agent.settings import Settings
 
 MAX_WORKERS = 4
 CONNECTION_TIMEOUT_S = 1.0  # to send the request line and headers: a probe needs far less
@@ -87,3 +92,31 @@ class HealthServer(RouteServer):
             idle_s=CONNECTION_TIMEOUT_S,
             not_found=_not_found,
         )
+
+
+class AgentEndpoints:
+    """The self-observability around an agent a session builds: the export outcome counter
+    (passed to the meter provider and the agent) and the optional ``/healthz`` server, bound
+    before the job starts so a bad ``--health`` address is refused before anything runs."""
+
+    def __init__(self, settings: Settings, extra_routes: Mapping[str, Check] | None = None) -> None:
+        """``extra_routes``: more path → check pairs (the sidecar's ``/readyz``)."""
+        self.settings = settings
+        self.export_health = ExportHealth()
+        self._check = LateCheck()
+        routes: dict[str, Check] = {"/healthz": self._check, **(extra_routes or {})}
+        self.server = HealthServer(settings.health, routes) if settings.health else None
+
+    def attach(self, agent: Agent) -> None:
+        """``/healthz`` reports on ``agent`` from now on."""
+        self._check.check = agent_check(
+            agent.sampler, self.export_health, self.settings.health_export_grace_s
+        )
+
+    def agent_failed(self, reason: str) -> None:
+        """``/healthz`` is 503 from now on, saying why no agent runs."""
+        self._check.check = lambda: (False, f"agent not running: {reason}")
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        if self.server is not None:
+            self.server.close(timeout_s)

@@ -1,4 +1,4 @@
-"""Options and plumbing shared by the agent subcommands (run, watch, demo)."""
+"""Options and plumbing shared by the agent subcommands (run, watch, sidecar, demo)."""
 
 from __future__ import annotations
 
@@ -104,37 +104,6 @@ def _sdk_detectors(*names: str) -> list[Any]:
                 )
             break
     return found
-
-
-class AgentEndpoints:
-    """The self-observability around an agent a command builds: the export outcome counter
-    (passed to the meter provider and the agent) and the optional ``/healthz`` server, bound
-    before the job starts so a bad ``--health`` address is refused before anything runs."""
-
-    def __init__(self, settings: Settings, extra_routes: Mapping[str, Any] | None = None) -> None:
-        """``extra_routes``: more path → check pairs (the sidecar's ``/readyz``)."""
-        from otel_gpu.agent.health import HealthServer, LateCheck
-        from otel_gpu.agent.selfmetrics import ExportHealth
-
-        self.settings = settings
-        self.export_health = ExportHealth()
-        self._check = LateCheck()
-        routes = {"/healthz": self._check, **(extra_routes or {})}
-        self.server = HealthServer(settings.health, routes) if settings.health else None
-
-    def attach(self, agent: Any) -> None:
-        from otel_gpu.agent.health import agent_check
-
-        self._check.check = agent_check(
-            agent.sampler, self.export_health, self.settings.health_export_grace_s
-        )
-
-    def agent_failed(self, reason: str) -> None:
-        self._check.check = lambda: (False, f"agent not running: {reason}")
-
-    def close(self, timeout_s: float = 1.0) -> None:
-        if self.server is not None:
-            self.server.close(timeout_s)
 
 
 # Variables otel-gpu put into its own environment, which a launched job must not inherit.

@@ -19,16 +19,18 @@ import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 
 from otel_gpu.agent.settings import SIM_SCENARIOS, Settings
-from otel_gpu.commands.outputs import RunOutputs
 from otel_gpu.core.settings import Setting, add_options, choice, given, number, resolve
+from otel_gpu.outputs.run_outputs import RunOutputs
 from otel_gpu.outputs.sweeps import labels
+
+if TYPE_CHECKING:
+    from otel_gpu.agent.session import AgentInputs
 
 GIB = 1024**3
 # A training-like loop: a little CPU work per "step", forever (the demo ends it).
@@ -98,7 +100,7 @@ def demo(args: argparse.Namespace) -> int:
     opts = DemoOptions(**values)
     from otel_gpu.actions.dispatcher import ActionDispatcher
     from otel_gpu.actions.notifiers import JsonNotifier
-    from otel_gpu.agent.agent import Agent
+    from otel_gpu.agent.session import AgentSession
     from otel_gpu.agent.watchdog import Watchdog
     from otel_gpu.detect.breaker import Breaker, BreakerConfig
     from otel_gpu.detect.engine import DetectConfig, Engine
@@ -109,89 +111,54 @@ def demo(args: argparse.Namespace) -> int:
     logging.getLogger("otel_gpu.actions").setLevel(logging.ERROR)
     receiver = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
     _Receiver.received = []
-    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    threading.Thread(
+        target=receiver.serve_forever, name="otel-gpu-demo-receiver", daemon=True
+    ).start()
     url = f"http://127.0.0.1:{receiver.server_address[1]}/alerts"
 
-    settings = Settings(interval_s=0.25, exporter="none", detect=False)
-    reader = InMemoryMetricReader()
-    provider = MeterProvider(
-        metric_readers=[reader], resource=Resource.create({"service.name": "otel-gpu-demo"})
-    )
     source = SimulatedSource(opts.scenario, time_scale=120.0, leak_bytes_per_s=12 * GIB / 3600)
-    # The workload ignores Ctrl-C (the terminal sends it to the whole group): the demo stops it.
-    child = subprocess.Popen([sys.executable, "-c", _IGNORE_SIGINT + WORKLOAD])
-    dispatcher = ActionDispatcher([JsonNotifier(url)], backoff_s=0.2, source="otel-gpu demo")
     watchdog = Watchdog(
         # Shorter leak windows than the defaults (which wait ~2 h of data for a cache to show its
         # cap first): the demo's minute holds only two simulated hours.
         Engine(DetectConfig(leak_bucket_s=15, leak_min_window_s=900, leak_context_s=1800)),
         Breaker(BreakerConfig()),
-        dispatcher=dispatcher,
+        dispatcher=ActionDispatcher([JsonNotifier(url)], backoff_s=0.2, source="otel-gpu demo"),
         phase=lambda: source.phase(source.elapsed()),
     )
-    events: list[str] = []
+    workload = DemoWorkload(opts, source, watchdog, url, out)
+    reader = InMemoryMetricReader()
+    session = AgentSession(
+        Settings(interval_s=0.25, exporter="none", detect=False, shutdown_timeout_s=2.0),
+        workload,
+        resource=lambda: Resource.create({"service.name": "otel-gpu-demo"}),
+        # The same live view and summary as `otel-gpu run`, on stderr.
+        outputs=lambda: RunOutputs(
+            argparse.Namespace(quiet=False, view=False, record=None, summary_json=None),
+            f"otel-gpu demo ({opts.scenario}, simulated 120x)",
+        ),
+        extra_readers=[reader],
+    )
 
     def name(subject: str) -> str:
         """GPU0 51a1a7ed ... rather than the subject's full UUID (the sweep's snapshot is the
         sampler's latest while detection runs on it)."""
-        snap = agent.sampler.latest
+        snap = session.agent.sampler.latest if session.agent is not None else None
         return labels(snap).get(subject, subject) if snap is not None else subject
 
     watchdog.alert_listeners.append(
-        lambda a: events.append(f"ALERT {a.kind} on {name(a.subject)}: {a.message}")
+        lambda a: workload.events.append(f"ALERT {a.kind} on {name(a.subject)}: {a.message}")
     )
     watchdog.transition_listeners.append(
-        lambda t: events.append(f"BREAKER {name(t.subject)}: {t.from_state} -> {t.to_state}")
+        lambda t: workload.events.append(
+            f"BREAKER {name(t.subject)}: {t.from_state} -> {t.to_state}"
+        )
     )
-    agent = Agent(settings, meter_provider=provider, roots=[child.pid], source=source)
-    agent.sampler.add_listener(watchdog.on_snapshot)
-    watchdog.register_instruments(provider.get_meter("otel_gpu"))
-    # The same live view and summary as `otel-gpu run`, on stderr.
-    outputs = RunOutputs(
-        argparse.Namespace(quiet=False, view=False, record=None, summary_json=None),
-        f"otel-gpu demo ({opts.scenario}, simulated 120x)",
-    )
-    outputs.attach(agent.sampler, watchdog)
-
-    print(
-        f"otel-gpu demo: watching PID {child.pid} on a simulated GPU ({opts.scenario}), "
-        "simulated time runs 120x faster; Ctrl-C to stop.",
-        file=out,
-    )
-    print(
-        "detection windows shortened for the demo; the defaults need ~2 h of data for a slow leak",
-        file=out,
-    )
-    # Ctrl-C ends the demo cleanly (exit 130) wherever it lands, never with a traceback.
-    interrupted = threading.Event()
-    previous_sigint = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
-    agent.start()
-    outputs.start("a training-like job", child.pid, settings)
-    started = time.monotonic()
-    notified_at: float | None = None
     try:
-        while time.monotonic() - started < opts.max_seconds:
-            if interrupted.wait(1.0):
-                break
-            while events:
-                print(f"  >>> {events.pop(0)}", file=out)
-            if _Receiver.received and notified_at is None:
-                notified_at = time.monotonic()
-                note = _Receiver.received[0]
-                print(f"  >>> NOTIFICATION delivered to {url}: {note.get('title')}", file=out)
-            if notified_at is not None and time.monotonic() - notified_at > 2.0:
-                break
-        out.flush()
-    finally:
-        agent.shutdown(2.0)
-        watchdog.close(2.0)
-        child.terminate()
-        child.wait(5)
+        session.run()
         data = reader.get_metrics_data()
+    finally:
         receiver.shutdown()
-        signal.signal(signal.SIGINT, previous_sigint)
-        outputs.finish(None)
-    if interrupted.is_set():
+    if workload.interrupted.is_set():
         print("\notel-gpu demo: stopped (Ctrl-C)", file=out)
         return 130
     points, names = _count(data)
@@ -210,6 +177,79 @@ def demo(args: argparse.Namespace) -> int:
         return 0
     print("no alert was raised in this run", file=out)
     return 0 if opts.scenario == "steady" else 1
+
+
+class DemoWorkload:
+    """The demo's job: a training-like child on the simulated GPU, watched until the
+    notification was delivered (and two seconds more), ``max_seconds``, or Ctrl-C."""
+
+    name = "a training-like job"
+    command: list[str] | None = None
+    # Ctrl-C ends the demo cleanly (exit 130) wherever it lands, never with a traceback.
+    signals: tuple[int, ...] = (signal.SIGINT,)
+
+    def __init__(self, opts: DemoOptions, source: Any, watchdog: Any, url: str, out: Any) -> None:
+        self.opts = opts
+        self.source = source
+        self.watchdog = watchdog
+        self.url = url
+        self.out = out
+        self.events: list[str] = []  # alerts and transitions, printed by the main thread
+        self.interrupted = threading.Event()
+        self.child: subprocess.Popen[bytes] | None = None
+
+    def on_signal(self, signum: int) -> None:
+        self.interrupted.set()
+
+    def find(self) -> bool:
+        return True
+
+    def launch(self) -> AgentInputs | None:
+        from otel_gpu.agent.session import AgentInputs
+
+        if self.interrupted.is_set():
+            return None
+        # The workload ignores Ctrl-C (the terminal sends it to the whole group): the demo
+        # stops it.
+        self.child = subprocess.Popen([sys.executable, "-c", _IGNORE_SIGINT + WORKLOAD])
+        print(
+            f"otel-gpu demo: watching PID {self.child.pid} on a simulated GPU "
+            f"({self.opts.scenario}), simulated time runs 120x faster; Ctrl-C to stop.",
+            file=self.out,
+        )
+        print(
+            "detection windows shortened for the demo; the defaults need ~2 h of data for a "
+            "slow leak",
+            file=self.out,
+        )
+        return AgentInputs(roots=[self.child.pid], source=self.source, watchdog=self.watchdog)
+
+    def agent_failed(self, exc: Exception) -> None:
+        raise exc
+
+    def wait(self) -> None:
+        started = time.monotonic()
+        notified_at: float | None = None
+        while time.monotonic() - started < self.opts.max_seconds:
+            if self.interrupted.wait(1.0):
+                break
+            while self.events:
+                print(f"  >>> {self.events.pop(0)}", file=self.out)
+            if _Receiver.received and notified_at is None:
+                notified_at = time.monotonic()
+                note = _Receiver.received[0]
+                print(
+                    f"  >>> NOTIFICATION delivered to {self.url}: {note.get('title')}",
+                    file=self.out,
+                )
+            if notified_at is not None and time.monotonic() - notified_at > 2.0:
+                break
+        self.out.flush()
+
+    def end(self) -> None:
+        if self.child is not None:
+            self.child.terminate()
+            self.child.wait(5)
 
 
 def _count(data: Any) -> tuple[int, set[str]]:

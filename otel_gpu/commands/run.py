@@ -3,40 +3,26 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
 import os
 import shutil
-import signal
-import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from otel_gpu.commands.common import (
-    AgentEndpoints,
     add_agent_options,
     build_resource,
     job_environment,
     settings_from_args,
     setup_logging,
 )
-from otel_gpu.commands.outputs import RunOutputs, add_output_options
 from otel_gpu.core.errors import UsageError
-from otel_gpu.core.job_identity import SERVICE_NAME_ENV, ensure_instance_id, given_service_name
-
-log = logging.getLogger("otel_gpu.run")
-
-# Signals passed on to the job. The job runs in its own process group, and a signal goes to the
-# whole group, as a terminal's Ctrl-C would: launchers such as `swift` orphan their trainer when
-# only they get SIGTERM (docs/background.md §4).
-FORWARDED = (
-    signal.SIGINT,
-    signal.SIGTERM,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
+from otel_gpu.core.job_identity import (
+    SERVICE_NAME_ENV,
+    default_service_name,
+    ensure_instance_id,
+    given_service_name,
 )
+from otel_gpu.outputs.run_outputs import RunOutputs, add_output_options
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -92,77 +78,18 @@ def run(args: argparse.Namespace) -> int:
     cmd = job_command(args.command)
     settings = settings_from_args(args)
     setup_logging(args.verbose)
-    from otel_gpu.agent.agent import Agent, acquire_node_lock
-    from otel_gpu.agent.export import meter_provider
-    from otel_gpu.agent.watchdog import DetectionSettings
-    from otel_gpu.core.job_identity import default_service_name
-    from otel_gpu.core.shutdown import close_all, shutdown_provider
+    from otel_gpu.agent.jobs import LaunchedCommand
+    from otel_gpu.agent.session import AgentSession, NodeLock
 
-    # Resolved now: a bad OTEL_GPU_* setting refuses to start, never runs the job unwatched.
-    detection = DetectionSettings.load() if settings.detect else None
-    # The health port first: a bad or busy address is refused before a recording is created.
-    endpoints = AgentEndpoints(settings)
-    outputs = RunOutputs(args, f"otel-gpu run {os.path.basename(cmd[0])}")
-    # Own the node before the job starts, so an auto-instrumented job does not sample it twice.
-    acquire_node_lock(settings.lock_dir)
     env = shared_identity(job_environment(), args.service_name or default_service_name(cmd))
-    provider = meter_provider(
+    session = AgentSession(
         settings,
-        build_resource(args.service_name, cmd, settings, env),
-        export_health=endpoints.export_health,
+        LaunchedCommand(cmd, env),
+        resource=lambda: build_resource(args.service_name, cmd, settings, env),
+        outputs=lambda: RunOutputs(args, f"otel-gpu run {os.path.basename(cmd[0])}"),
+        parts=[NodeLock(settings.lock_dir)],
     )
-    job: list[subprocess.Popen] = []
-    early: list[int] = []  # signals that arrived before the job existed
-
-    def forward(signum: int, _frame: object) -> None:
-        if not job:
-            early.append(signum)
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job[0].pid, signum)
-
-    # Handlers first: a Ctrl-C between starting the job and installing them would end otel-gpu
-    # and leave the job (in its own session) running unsupervised.
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
-    agent = None
-    code: int | None = None
-    try:
-        try:
-            job.append(subprocess.Popen(cmd, start_new_session=True, env=env))
-        except OSError as exc:
-            raise UsageError(f"cannot start {cmd[0]!r}: {exc.strerror}") from None
-        for signum in early:
-            forward(signum, None)
-        try:
-            agent = Agent(
-                settings,
-                meter_provider=provider,
-                roots=[job[0].pid],
-                visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                export_health=endpoints.export_health,
-                detection=detection,
-            )
-            outputs.attach(agent.sampler, agent.watchdog)
-            agent.start()
-            endpoints.attach(agent)
-            outputs.start(os.path.basename(cmd[0]), job[0].pid, settings)
-        except Exception as exc:  # the job runs on, unwatched, rather than being harmed
-            log.warning("the agent failed to start (%s); %s runs on unwatched", exc, cmd[0])
-            endpoints.agent_failed(str(exc))
-        code = wait_child(job[0])
-    finally:
-        # The job is gone: Ctrl-C interrupts otel-gpu's own shutdown again.
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        steps: list[tuple[str, Callable[[float], object]]] = [
-            ("metrics", lambda t: shutdown_provider(provider, t))
-        ]
-        if agent is not None:
-            steps.insert(0, ("agent", agent.shutdown))
-        close_all(steps, settings.shutdown_timeout_s if job else 1.0)
-        endpoints.close()
-        if agent is not None:
-            outputs.finish(code, cmd)
+    code = session.run()
     assert code is not None
     return code
 
@@ -177,14 +104,3 @@ def shared_identity(env: dict[str, str], service_name: str) -> dict[str, str]:
     if service_name != given_service_name(env):
         env[SERVICE_NAME_ENV] = service_name
     return env
-
-
-def wait_child(child: subprocess.Popen) -> int:
-    """Wait for the job; its exit code, or 128+N when signal N ended it (as shells report)."""
-    while True:
-        try:
-            code = child.wait()
-            break
-        except KeyboardInterrupt:  # pragma: no cover - handlers replace SIGINT while waiting
-            continue
-    return 128 - code if code < 0 else code

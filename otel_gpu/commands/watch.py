@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import threading
 
 import psutil
 
 from otel_gpu.commands.common import (
-    AgentEndpoints,
     add_agent_options,
     build_resource,
     settings_from_args,
     setup_logging,
 )
-from otel_gpu.commands.outputs import RunOutputs, add_output_options
 from otel_gpu.core.errors import UsageError
+from otel_gpu.outputs.run_outputs import RunOutputs, add_output_options
 from otel_gpu.sampling.procfs import read_stat
 
 _PID_MAX = 4194304  # the kernel's largest pid_max
@@ -48,72 +44,22 @@ def watch(args: argparse.Namespace) -> int:
         raise UsageError(f"no process with PID {args.pid}: check it with 'ps -p {args.pid}'")
     st = read_stat("/proc", args.pid)
     try:
-        root = psutil.Process(args.pid)
-        name = root.name()
+        name = psutil.Process(args.pid).name()
     except psutil.Error:
         st = None
     if st is None:
         raise UsageError(f"no process with PID {args.pid}: check it with 'ps -p {args.pid}'")
-    created = st.starttime
     settings = settings_from_args(args)
     setup_logging(args.verbose)
-    from otel_gpu.agent.agent import Agent, acquire_node_lock
-    from otel_gpu.agent.export import meter_provider
-    from otel_gpu.agent.watchdog import DetectionSettings
-    from otel_gpu.core.shutdown import close_all, shutdown_provider
+    from otel_gpu.agent.jobs import RunningTree
+    from otel_gpu.agent.session import AgentSession, NodeLock
 
-    # Resolved now: a bad OTEL_GPU_* setting refuses to start, never runs the job unwatched.
-    detection = DetectionSettings.load() if settings.detect else None
-
-    # The health port first: a bad or busy address is refused before a recording is created.
-    endpoints = AgentEndpoints(settings)
-    outputs = RunOutputs(args, f"otel-gpu watch {name}")
-    acquire_node_lock(settings.lock_dir)
-    provider = meter_provider(
+    session = AgentSession(
         settings,
-        build_resource(args.service_name, [name], settings),
-        export_health=endpoints.export_health,
+        RunningTree(args.pid, st.starttime, name),
+        resource=lambda: build_resource(args.service_name, [name], settings),
+        outputs=lambda: RunOutputs(args, f"otel-gpu watch {name}"),
+        parts=[NodeLock(settings.lock_dir)],
     )
-    agent = Agent(
-        settings,
-        meter_provider=provider,
-        roots=[args.pid],
-        visible_devices=_visible_devices(root),
-        export_health=endpoints.export_health,
-        detection=detection,
-    )
-    outputs.attach(agent.sampler, agent.watchdog)
-    agent.start()
-    endpoints.attach(agent)
-    outputs.start(name, args.pid, settings)
-    stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while not stop.wait(0.5):
-            if not _alive(args.pid, created):
-                break
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        close_all(
-            [("agent", agent.shutdown), ("metrics", lambda t: shutdown_provider(provider, t))],
-            settings.shutdown_timeout_s,
-        )
-        endpoints.close()
-        outputs.finish(None, [name])
+    session.run()
     return 0
-
-
-def _alive(pid: int, created: int) -> bool:
-    """True while the same process (same start tick: not a reused PID) runs, not a zombie."""
-    st = read_stat("/proc", pid)
-    return st is not None and st.starttime == created and st.state not in "ZX"
-
-
-def _visible_devices(root: psutil.Process) -> str | None:
-    """The watched job's CUDA_VISIBLE_DEVICES when readable, else the agent's own."""
-    try:
-        env = root.environ()
-    except (psutil.Error, OSError):
-        env = {}
-    return env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))

@@ -1,5 +1,7 @@
-"""What ``run`` / ``watch`` / ``demo`` show and write besides the metrics: the live view on
-stderr, the end-of-run summary (``--summary-json``) and the recording (``--record``)."""
+"""What ``run`` / ``watch`` / ``sidecar`` / ``demo`` show and write besides the metrics: the
+live view on stderr, the end-of-run summary (``--summary-json``) and the recording
+(``--record``). An agent session opens them before the job starts and finishes them after it
+(:mod:`otel_gpu.agent.session`)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ log = logging.getLogger("otel_gpu.outputs")
 
 
 def add_output_options(parser: argparse.ArgumentParser) -> None:
+    """The options :class:`RunOutputs` reads: ``--quiet``, ``--view``, ``--record``,
+    ``--summary-json``."""
     parser.add_argument(
         "--quiet",
         action="store_true",
