@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from support.sdk_metrics import collect
 
 from otel_gpu.agent import instruments as metrics
 from otel_gpu.agent.agent import Agent
@@ -25,19 +26,6 @@ from otel_gpu.sampling.snapshot import (
     ProcessSample,
     Snapshot,
 )
-
-
-def collect(reader: InMemoryMetricReader) -> dict[str, list[tuple[float, dict[str, Any], str]]]:
-    out: dict[str, list[tuple[float, dict[str, Any], str]]] = {}
-    data = reader.get_metrics_data()
-    if data is None:  # nothing observed at all
-        return out
-    for rm in data.resource_metrics:
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                for p in m.data.data_points:
-                    out.setdefault(m.name, []).append((p.value, dict(p.attributes), m.unit))
-    return out
 
 
 @pytest.fixture()

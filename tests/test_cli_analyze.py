@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_detect_traces import DEV
+from support.traces import DEV_TRACES
 
-STALL = DEV / "stall_lowutil_0.csv"
+STALL = DEV_TRACES / "stall_lowutil_0.csv"
 
 
 def analyze(*args: str, stdin: bytes | None = None) -> tuple[int, list[dict], str]:

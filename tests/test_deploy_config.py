@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 from opentelemetry.exporter.prometheus._mapping import sanitize_full_name
-from prometheus_peer import ROOT, binary
+from support.paths import ROOT
+from support.prometheus_peer import binary
 
 from otel_gpu.core import signals
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from tracegen import BENIGN, COLUMNS_FULL, generate
+from support.tracegen import BENIGN, COLUMNS_FULL, generate
 
 from otel_gpu.detect.engine import DetectConfig, Engine
 from otel_gpu.detect.model import LEAK, Point

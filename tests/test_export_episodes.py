@@ -8,7 +8,7 @@ import time
 
 import pytest
 from opentelemetry.metrics import Observation
-from otlp_sink import OtlpSink
+from support.otlp_sink import OtlpSink
 
 from otel_gpu.agent.export import meter_provider
 from otel_gpu.agent.settings import Settings

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
-from otlp_sink import OtlpSink, attrs
-from test_cli import CLI, _env
+from support.cli import CLI, clean_env
+from support.otlp_sink import OtlpSink, attrs
 
 from otel_gpu.commands.run import shared_identity
 from otel_gpu.core.job_identity import (
@@ -69,7 +69,7 @@ GIVEN = [
 def _sdk_reads(values: list[str | None]) -> list[dict[str, str]]:
     res = subprocess.run(
         [sys.executable, "-c", _SDK_READS], input=json.dumps(values),
-        capture_output=True, text=True, timeout=60, env=_env(),
+        capture_output=True, text=True, timeout=60, env=clean_env(),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)  # type: ignore[no-any-return]
@@ -172,7 +172,7 @@ def _run(
         [*CLI, "run", "--simulate", "steady", "--no-detect", "--interval", "0.2",
          "--export-interval", "0.5", *options, "--", *job],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
-        env=_env(
+        env=clean_env(
             OTEL_EXPORTER_OTLP_ENDPOINT=sink.endpoint, OTEL_EXPORTER_OTLP_INSECURE="true",
             OTEL_METRIC_EXPORT_INTERVAL="500", OTEL_GPU_LOCK_DIR=str(tmp_path),
             PYTHONPATH=str(ROOT), **env,
@@ -276,7 +276,7 @@ def test_an_instrumented_process_hands_its_id_to_the_processes_it_starts(tmp_pat
         res = subprocess.run(
             [INSTRUMENT, sys.executable, "-c", PARENT], capture_output=True, text=True,
             timeout=120, cwd=tmp_path,
-            env=_env(OTEL_EXPORTER_OTLP_ENDPOINT=sink.endpoint, OTEL_EXPORTER_OTLP_INSECURE="true",
+            env=clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=sink.endpoint, OTEL_EXPORTER_OTLP_INSECURE="true",
                      OTEL_GPU_LOCK_DIR=str(tmp_path), OTEL_RESOURCE_ATTRIBUTES="team=ml",
                      PYTHONPATH=str(ROOT)),
         )  # fmt: skip

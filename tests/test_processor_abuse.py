@@ -16,10 +16,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from strict_downstream import StrictDownstream
-from synth import agent_request
-from test_processor_cli import cli
-from test_processor_peers import call
+from support.otlp_receiver import call
+from support.processor import processor_cli
+from support.strict_downstream import StrictDownstream
+from support.synth import agent_request
 
 from otel_gpu.detect.breaker import Breaker, BreakerConfig
 from otel_gpu.detect.engine import Engine
@@ -252,7 +252,7 @@ def test_self_telemetry_goes_downstream_as_otlp_metrics():
     ],
 )
 def test_bad_limits_are_one_line_usage_errors(args, fragment):
-    r = cli("--forward", "127.0.0.1:9", *args)
+    r = processor_cli("--forward", "127.0.0.1:9", *args)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in r.stderr

@@ -26,9 +26,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
-from otlp_sink import attrs
-from synth import GIB, gpu_uuid
-from test_processor_peers import ProcessorProcess, Webhook, leak_requests
+from support.otlp_sink import attrs
+from support.processor import ProcessorProcess, leak_requests
+from support.synth import GIB, gpu_uuid
+from support.webhook import Webhook
 
 from otel_gpu.actions.dispatcher import ActionDispatcher
 from otel_gpu.actions.notifiers import JsonNotifier

@@ -14,29 +14,13 @@ from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExp
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
-from test_processor_peers import (
-    ROOT,
-    ProcessorProcess,
-    Webhook,
-    call,
-    free_port,
-    leak_requests,
-    receiver,
-)
+from support.otlp_receiver import call, receiver
+from support.paths import ROOT
+from support.ports import free_port
+from support.processor import ProcessorProcess, leak_requests, processor_cli
+from support.webhook import Webhook
 
 from otel_gpu.processor.wire import METRICS_EXPORT
-
-
-def cli(*args: str, **variables: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_GPU_")}
-    return subprocess.run(
-        [sys.executable, "-m", "otel_gpu.cli", "processor", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env={**env, **variables},
-    )
 
 
 @pytest.mark.parametrize(
@@ -55,7 +39,7 @@ def cli(*args: str, **variables: str) -> subprocess.CompletedProcess[str]:
     ],
 )  # fmt: skip
 def test_bad_arguments_are_one_line_usage_errors(args, variables, fragment):
-    r = cli(*args, **variables)
+    r = processor_cli(*args, **variables)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in r.stderr
@@ -64,7 +48,7 @@ def test_bad_arguments_are_one_line_usage_errors(args, variables, fragment):
 def test_a_port_in_use_is_a_usage_error():
     first = ProcessorProcess("--listen", "127.0.0.1:0")
     try:
-        r = cli("--listen", first.address)
+        r = processor_cli("--listen", first.address)
         assert r.returncode == 2 and "cannot listen there" in r.stderr
     finally:
         first.terminate()

@@ -15,8 +15,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
-from strict_downstream import StrictDownstream
-from synth import agent_request, default_value
+from support.strict_downstream import StrictDownstream
+from support.synth import agent_request, default_value
 
 from otel_gpu.detect.model import Point
 from otel_gpu.processor import Downstream, Processor, ProcessorConfig

@@ -18,9 +18,11 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
-from strict_downstream import REJECT_KEY, StrictDownstream
-from synth import agent_request
-from test_processor_peers import ProcessorProcess, call, free_port
+from support.otlp_receiver import call
+from support.ports import free_port
+from support.processor import ProcessorProcess
+from support.strict_downstream import REJECT_KEY, StrictDownstream
+from support.synth import agent_request
 
 from otel_gpu.core.errors import UsageError
 from otel_gpu.processor import Downstream, Processor, ProcessorConfig

@@ -21,8 +21,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_peer import ROOT, Prometheus, free_port, processor_scrape_config
-from test_processor_peers import call, leak_requests
+from support.otlp_receiver import call
+from support.paths import ROOT
+from support.ports import free_port
+from support.processor import leak_requests
+from support.prometheus_peer import Prometheus, processor_scrape_config
 
 from otel_gpu.core.errors import UsageError
 from otel_gpu.processor import outputs

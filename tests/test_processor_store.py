@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from test_processor_peers import leak_requests
+from support.processor import leak_requests
 
 from otel_gpu.core.errors import UsageError
 from otel_gpu.detect.breaker import OPEN, Breaker, BreakerConfig, Transition

@@ -12,7 +12,7 @@ import time
 import urllib.request
 
 import pytest
-from prometheus_peer import free_port
+from support.ports import free_port
 
 from otel_gpu.agent.export import metric_readers
 from otel_gpu.agent.settings import Settings

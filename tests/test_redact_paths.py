@@ -23,8 +23,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from otlp_sink import OtlpSink
-from tiny_training import offline_env
+from support.otlp_sink import OtlpSink
+from support.tiny_training import offline_env
 
 from otel_gpu.actions import ActionDispatcher, JsonNotifier, SlackNotifier, add_alert_event
 from otel_gpu.agent.agent import Agent

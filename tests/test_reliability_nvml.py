@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import subprocess
 import sys
 import threading
@@ -22,8 +21,9 @@ import pytest
 from fakenvml.fixtures import FakeNvml
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from test_cli import CLI, _env
-from test_isolation import _console_points
+from support.cli import CLI, clean_env
+from support.console import console_points
+from support.ports import free_port
 
 from otel_gpu.agent import instruments as metrics
 from otel_gpu.sampling.snapshot import STATUS_FAILED, STATUS_OK, Snapshot
@@ -237,12 +237,6 @@ def test_no_xid_event_pending_is_normal_and_polled_once_per_sweep(fake_nvml: Fak
 # ---- end to end under otel-gpu run -----------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _healthz(port: int, proc: subprocess.Popen) -> dict:
     deadline = time.monotonic() + 30
     while True:
@@ -271,12 +265,12 @@ def test_run_without_gpus_reports_it_and_never_crash_loops(
     /healthz names the reason, one warning is logged for the whole run although NVML is tried
     again with backoff, and the sampling helper is never restarted."""
     fake_nvml.write("devices = 0")
-    env = _env(OTEL_GPU_DETECT="false")
+    env = clean_env(OTEL_GPU_DETECT="false")
     if case == "no GPU":
         env = fake_nvml.env(env)
     else:  # no libnvidia-ml.so.1 anywhere the loader looks (this machine has no driver)
         env.pop("LD_LIBRARY_PATH", None)
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [*CLI, "run", "--exporter", "console", "--interval", "0.2", "--export-interval", "0.5",
          "--health", f"127.0.0.1:{port}", "--", sys.executable, "-c",
@@ -291,7 +285,7 @@ def test_run_without_gpus_reports_it_and_never_crash_loops(
         proc.wait()
     assert proc.returncode == 3, err[-2000:]
     assert body["ok"] and reason in body["reason"]  # sampling works; there is just no GPU
-    points = _console_points(out)
+    points = console_points(out)
     names = {name for name, *_ in points}
     assert not {n for n in names if n.startswith("hw.")}  # no made-up GPU values
     assert "process.memory.usage" in names  # the job's own metrics still flow
@@ -321,7 +315,7 @@ def test_a_faulty_nvml_init_never_delays_or_kills_the_job(
     fake_nvml.write(f"devices = 1\n{INIT_FAULTS[fault]}")
     job = "import sys, time; print(time.time(), flush=True); time.sleep(1); sys.exit(5)"
     env = fake_nvml.env(
-        _env(
+        clean_env(
             OTEL_GPU_NVML_TIMEOUT="0.3",
             OTEL_GPU_DETECT="false",
             OTEL_GPU_LOCK_DIR=str(tmp_path),

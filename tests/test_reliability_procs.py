@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from test_procs import FakeProc
+from support.procfs import FakeProc
 
 from otel_gpu.sampling.procs import ProcessTree
 

@@ -27,7 +27,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics._internal.point import Gauge, Sum
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricsData
-from test_breaker_conditions import _leak_snapshots
+from support.snapshots import leak_snapshots
 
 from otel_gpu.actions.span_event import alert_attributes
 from otel_gpu.agent import instruments as metrics
@@ -298,7 +298,7 @@ def test_the_agent_exports_exactly_the_declared_detector_outputs() -> None:
     reader = InMemoryMetricReader()
     wd = Watchdog(Engine(), Breaker(BreakerConfig()))
     wd.register_instruments(MeterProvider(metric_readers=[reader]).get_meter("t"))
-    for snap in _leak_snapshots(0.0, 5, lambda t: 600e6 / 3600):
+    for snap in leak_snapshots(0.0, 5, lambda t: 600e6 / 3600):
         wd.on_snapshot(snap)
     assert any(a.kind == LEAK for a in wd.alerts)
     assert _exported(reader.get_metrics_data()) == OUTPUTS

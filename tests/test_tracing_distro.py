@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from otlp_sink import OtlpSink
-from tiny_training import offline_env
+from support.otlp_sink import OtlpSink
+from support.tiny_training import offline_env
 
 from otel_gpu.core.errors import UsageError
 from otel_gpu.tracing import context, ids
@@ -178,7 +178,7 @@ WORKERS_JOB = """
 import os, sys, time
 sys.path.insert(0, {tests!r})
 from transformers import Trainer
-from tiny_training import TokenDataset, tiny_llama, training_args
+from support.tiny_training import TokenDataset, tiny_llama, training_args
 
 class Slow(TokenDataset):
     def __getitem__(self, i):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pyte
 import pytest
-from test_cli import CLI, _env
+from support.cli import CLI, clean_env
 
 from otel_gpu.core import units
 from otel_gpu.outputs.view import LIVE, OFF, PLAIN, choose_mode
@@ -42,7 +42,7 @@ def run_in_terminal(args: list[str], columns: int, rows: int = 30, **env: str) -
         stdin=follower,
         stdout=follower,
         stderr=follower,
-        env=_env(TERM="xterm-256color", **env),
+        env=clean_env(TERM="xterm-256color", **env),
     )
     os.close(follower)
     out = bytearray()
@@ -161,7 +161,7 @@ def test_quiet_terminal_shows_only_the_job() -> None:
 def test_pipes_get_one_plain_line_per_interval_and_a_clean_stdout() -> None:
     res = subprocess.run(
         [*RUN, "--interval", "1", "--", sys.executable, "-c", JOB], capture_output=True,
-        text=True, timeout=60, env=_env(),
+        text=True, timeout=60, env=clean_env(),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert res.stdout == "job says hi\n"  # the job's stdout, untouched
@@ -181,7 +181,7 @@ def test_pipes_get_one_plain_line_per_interval_and_a_clean_stdout() -> None:
 def test_view_flag_forces_the_table_onto_a_pipe() -> None:
     res = subprocess.run(
         [*RUN, "--view", "--", sys.executable, "-c", JOB], capture_output=True, timeout=60,
-        env=_env(),
+        env=clean_env(),
     )  # fmt: skip
     assert res.returncode == 0
     assert res.stdout == b"job says hi\n"
@@ -194,7 +194,7 @@ def test_view_flag_forces_the_table_onto_a_pipe() -> None:
 def test_quiet_and_view_together_is_a_usage_error() -> None:
     res = subprocess.run(
         [*RUN, "--quiet", "--view", "--", "true"], capture_output=True, text=True, timeout=60,
-        env=_env(),
+        env=clean_env(),
     )  # fmt: skip
     assert res.returncode == 2 and "--quiet and --view" in res.stderr
     assert len(res.stderr.splitlines()) == 1
@@ -206,7 +206,7 @@ def test_watch_shows_the_view_and_the_summary_for_an_attached_tree(tmp_path: Pat
         res = subprocess.run(
             [*CLI, "watch", "--pid", str(job.pid), "--simulate", "steady", "--exporter", "none",
              "--interval", "0.3", "--summary-json", str(tmp_path / "s.json")],
-            capture_output=True, text=True, timeout=60, env=_env(),
+            capture_output=True, text=True, timeout=60, env=clean_env(),
         )  # fmt: skip
     finally:
         job.kill()

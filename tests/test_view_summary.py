@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_cli import CLI, _env
+from support.cli import CLI, clean_env
 
 from otel_gpu.detect.breaker import Breaker
 from otel_gpu.detect.engine import Engine
@@ -128,7 +128,7 @@ def test_run_prints_the_summary_and_writes_it_as_json(tmp_path: Path) -> None:
         [*CLI, "run", "--simulate", "leak", "--exporter", "none", "--interval", "0.2",
          "--summary-json", str(out), "--", sys.executable, "-c",
          "import time; time.sleep(2); raise SystemExit(3)"],
-        capture_output=True, text=True, timeout=60, env=_env(),
+        capture_output=True, text=True, timeout=60, env=clean_env(),
     )  # fmt: skip
     assert res.returncode == 3
     data = json.loads(out.read_text())
@@ -154,7 +154,7 @@ def test_quiet_prints_nothing_but_still_writes_the_json(tmp_path: Path) -> None:
     res = subprocess.run(
         [*CLI, "run", "--simulate", "steady", "--exporter", "none", "--interval", "0.2",
          "--quiet", "--summary-json", str(out), "--", sys.executable, "-c", "pass"],
-        capture_output=True, text=True, timeout=60, env=_env(),
+        capture_output=True, text=True, timeout=60, env=clean_env(),
     )  # fmt: skip
     assert res.returncode == 0
     assert res.stderr == "" and res.stdout == ""
@@ -165,7 +165,7 @@ def test_summary_json_in_a_missing_folder_is_refused_up_front(tmp_path: Path) ->
     res = subprocess.run(
         [*CLI, "run", "--simulate", "steady", "--exporter", "none", "--summary-json",
          str(tmp_path / "nope" / "s.json"), "--", "true"],
-        capture_output=True, text=True, timeout=60, env=_env(),
+        capture_output=True, text=True, timeout=60, env=clean_env(),
     )  # fmt: skip
     assert res.returncode == 2 and "--summary-json" in res.stderr
     assert len(res.stderr.splitlines()) == 1 and "Traceback" not in res.stderr

@@ -1,0 +1,31 @@
+"""The shipped ``collector-config/*.sh`` scripts as child processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+from support.paths import ROOT
+
+SCRIPTS = ROOT / "collector-config"
+
+
+def start_script(script: str, env: dict[str, str], log: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        ["sh", str(SCRIPTS / script)],
+        env=env,
+        stdout=open(log, "wb"),  # noqa: SIM115 - the child holds it
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # a stray child would show in its own session only
+    )
+
+
+def stop_script(proc: subprocess.Popen) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait(5)
