@@ -12,6 +12,7 @@ SCRIPTS = ROOT / "collector-config"
 
 
 def start_script(script: str, env: dict[str, str], log: str) -> subprocess.Popen:
+    """``sh collector-config/SCRIPT`` in its own session, its output written to ``log``."""
     return subprocess.Popen(
         ["sh", str(SCRIPTS / script)],
         env=env,
@@ -22,6 +23,8 @@ def start_script(script: str, env: dict[str, str], log: str) -> subprocess.Popen
 
 
 def stop_script(proc: subprocess.Popen) -> int:
+    """SIGTERM to the script, SIGKILL to its whole session if it has not ended 20 s later;
+    its exit status."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
     try:

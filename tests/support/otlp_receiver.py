@@ -132,6 +132,7 @@ def call(
 
 @contextmanager
 def receiver(delay_s: float = 0.0) -> Iterator[Receiver]:
+    """A :class:`Receiver` for the ``with`` block, closed after it."""
     r = Receiver(delay_s)
     try:
         yield r

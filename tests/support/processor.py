@@ -16,6 +16,7 @@ from support.synth import GIB, agent_request, default_value
 
 
 def processor_cli(*args: str, **variables: str) -> subprocess.CompletedProcess[str]:
+    """``otel-gpu processor ARGS`` to completion with only the given OTEL_GPU_* ``variables``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_GPU_")}
     return subprocess.run(
         [sys.executable, "-m", "otel_gpu.cli", "processor", *args],

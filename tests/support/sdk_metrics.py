@@ -8,6 +8,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 
 def collect(reader: InMemoryMetricReader) -> dict[str, list[tuple[float, dict[str, Any], str]]]:
+    """(value, attributes, unit) of every point the reader holds, by metric name."""
     out: dict[str, list[tuple[float, dict[str, Any], str]]] = {}
     data = reader.get_metrics_data()
     if data is None:  # nothing observed at all

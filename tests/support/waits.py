@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 
@@ -9,8 +10,8 @@ import pytest
 
 
 def wait_for_port(address: str, timeout_s: float = 30.0) -> None:
-    import socket
-
+    """Return once something accepts TCP connections on ``HOST:PORT``; fail the test after
+    ``timeout_s``."""
     host, port = address.rsplit(":", 1)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -22,6 +23,8 @@ def wait_for_port(address: str, timeout_s: float = 30.0) -> None:
 
 
 def wait_until(what: str, probe: Callable[[], object], timeout_s: float = 60.0) -> object:
+    """``probe()``'s first truthy result, polled every 0.2 s (an OSError counts as not yet);
+    AssertionError naming ``what`` and the last result after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     last: object = None
     while time.monotonic() < deadline:
