@@ -22,6 +22,8 @@ from otel_gpu.actions.redact import scrub
 from otel_gpu.actions.settings import env_name
 from otel_gpu.core.errors import UsageError
 
+pytestmark = pytest.mark.unit
+
 SLACK = "https://hooks.slack.com/services/T0001/B0002/SeCrEtToKeN99"
 DING = "https://oapi.dingtalk.com/robot/send?access_token=abcdef0123456789"
 

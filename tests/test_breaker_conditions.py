@@ -22,6 +22,8 @@ from otel_gpu.detect.breaker import CLOSED, HALF_OPEN, OPEN, Breaker, BreakerCon
 from otel_gpu.detect.engine import Engine
 from otel_gpu.detect.model import LEAK, STALL, Alert, Point
 
+pytestmark = pytest.mark.unit
+
 MB_H = 1e6 / 3600  # By/s in one MB/h
 NOTIFY_ON = ("open", "closed")  # the default OTEL_GPU_NOTIFY_ON
 

@@ -13,6 +13,8 @@ import pytest
 from support.cli import CLI, clean_env, otel_gpu
 from support.console import console_points_by_name
 
+pytestmark = pytest.mark.process
+
 
 @pytest.mark.parametrize(
     ("args", "needle"),

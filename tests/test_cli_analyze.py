@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from support.traces import DEV_TRACES
+
+pytestmark = pytest.mark.process
 
 STALL = DEV_TRACES / "stall_lowutil_0.csv"
 

@@ -9,8 +9,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
 from support.cli import clean_env, otel_gpu
 from support.otlp_sink import OtlpSink
+
+pytestmark = pytest.mark.process
 
 
 @contextmanager

@@ -32,12 +32,14 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.process
 def test_version_prints_the_package_version() -> None:
     res = otel_gpu("--version")
     assert res.returncode == 0
     assert res.stdout.strip() == f"otel-gpu {__version__}"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
@@ -60,6 +62,7 @@ def test_flag_mistakes_name_the_flag(args: list[str], needle: str) -> None:
     _one_line_usage_error(otel_gpu(*args), needle)
 
 
+@pytest.mark.process
 def test_run_says_why_a_program_cannot_run(tmp_path: Path) -> None:
     plain = tmp_path / "README.md"
     plain.write_text("# not a program\n")
@@ -82,6 +85,7 @@ def test_run_says_why_a_program_cannot_run(tmp_path: Path) -> None:
     _one_line_usage_error(res, "give its path: ./README.md")
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("variable", "value", "needle"),
     [
@@ -103,6 +107,7 @@ def test_bad_settings_refuse_before_the_job_starts(
     assert not marker.exists()
 
 
+@pytest.mark.process
 def test_no_collector_is_reported_once_per_episode_and_grpc_core_stays_quiet() -> None:
     """A closed port: the SDK alone prints two long lines per export (8 here) and gRPC's C core
     its own; otel-gpu says it once, with the cause."""
@@ -122,6 +127,7 @@ def test_no_collector_is_reported_once_per_episode_and_grpc_core_stays_quiet() -
     assert "can only be called once" not in res.stderr
 
 
+@pytest.mark.process
 def test_the_job_gets_the_users_environment_without_otel_gpus_grpc_setting() -> None:
     show = "import os; print(os.environ.get('GRPC_VERBOSITY'))"
     for env, expected in ((clean_env(), "None"), (clean_env(GRPC_VERBOSITY="DEBUG"), "DEBUG")):
@@ -131,6 +137,7 @@ def test_the_job_gets_the_users_environment_without_otel_gpus_grpc_setting() -> 
         assert res.stdout.strip().splitlines()[-1] == expected
 
 
+@pytest.mark.process
 def test_without_a_gpu_the_nvml_warning_appears_once(tmp_path: Path) -> None:
     """The resource detector and the agent both open NVML; one machine without a GPU is one
     line. (No libnvidia-ml.so.1 is on this machine's library path.)"""
@@ -144,6 +151,7 @@ def test_without_a_gpu_the_nvml_warning_appears_once(tmp_path: Path) -> None:
     assert len(warnings) == 1 and "no GPU data" in warnings[0], res.stderr
 
 
+@pytest.mark.process
 def test_a_short_instrumented_job_logs_no_shutdown_meter_provider_warning(tmp_path: Path) -> None:
     """The in-process agent is still being built when a short job exits: the meter provider
     must not be shut down under it ("A shutdown MeterProvider can not provide a Meter")."""
@@ -165,6 +173,7 @@ def test_a_short_instrumented_job_logs_no_shutdown_meter_provider_warning(tmp_pa
     assert "can not provide a" not in res.stderr, res.stderr
 
 
+@pytest.mark.process
 def test_ctrl_c_during_the_demo_stops_cleanly_with_130() -> None:
     proc = subprocess.Popen(
         [*CLI, "demo"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
@@ -188,6 +197,7 @@ def test_ctrl_c_during_the_demo_stops_cleanly_with_130() -> None:
     assert "stopped (Ctrl-C)" in out
 
 
+@pytest.mark.process
 def test_the_demo_says_its_windows_are_shortened() -> None:
     res = otel_gpu("demo", "--scenario", "steady", "--max-seconds", "2")
     assert res.returncode == 0, res.stderr
@@ -195,6 +205,7 @@ def test_the_demo_says_its_windows_are_shortened() -> None:
     assert "~2 h of data for a slow leak" in res.stdout
 
 
+@pytest.mark.peers
 def test_verbose_logs_what_the_agent_does() -> None:
     with OtlpSink() as sink:
         argv = [*CLI, "run", "--quiet", "--simulate", "leak", "--interval", "0.3",
@@ -215,6 +226,7 @@ def test_verbose_logs_what_the_agent_does() -> None:
     assert f"metric export to {sink.endpoint}: first export delivered" in loud.stderr
 
 
+@pytest.mark.peers
 def test_endpoint_credentials_never_reach_the_log() -> None:
     port = _closed_port()
     res = otel_gpu(

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from fakenvml.fixtures import FakeNvml
 from support.cli import CLI, clean_env
 from support.console import console_points_by_name
@@ -14,6 +15,7 @@ from support.console import console_points_by_name
 GIB = 1024**3
 
 
+@pytest.mark.peers
 def test_run_exports_nvml_device_and_process_points_for_the_child(fake_nvml: FakeNvml) -> None:
     fake_nvml.write(
         """
@@ -58,6 +60,7 @@ def test_run_exports_nvml_device_and_process_points_for_the_child(fake_nvml: Fak
     assert child_pid in {p["attributes"]["process.pid"] for p in pts["process.memory.usage"]}
 
 
+@pytest.mark.process
 def test_doctor_reports_gpus_and_the_unreachable_endpoint(fake_nvml: FakeNvml) -> None:
     fake_nvml.write("devices = 2\ndriver_version = 550.54.15\ncuda_driver_version = 12040\n")
     res = subprocess.run(
@@ -76,6 +79,7 @@ def test_doctor_reports_gpus_and_the_unreachable_endpoint(fake_nvml: FakeNvml) -
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.process
 def test_doctor_without_nvml_says_how_to_fix_it(tmp_path) -> None:
     res = subprocess.run(
         [*CLI, "doctor", "--endpoint", "http://127.0.0.1:9"],

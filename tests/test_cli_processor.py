@@ -19,6 +19,8 @@ from support.processor import ProcessorProcess, leak_requests
 
 from otel_gpu.processor.wire import METRICS_EXPORT
 
+pytestmark = pytest.mark.process
+
 
 def processor(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}

@@ -31,6 +31,8 @@ from support.waits import wait_for_port
 
 from otel_gpu.processor.wire import METRICS_EXPORT, TRACE_EXPORT
 
+pytestmark = pytest.mark.peers
+
 
 class Chain:
     def __init__(self, front: subprocess.Popen, backend: subprocess.Popen, down: Receiver,

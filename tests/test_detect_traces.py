@@ -32,6 +32,7 @@ def analyze(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.unit
 def test_dev_traces_every_fault_found_after_onset_and_no_false_alarm():
     labels = dev_labels()
     engine = Engine()
@@ -48,6 +49,7 @@ def test_dev_traces_every_fault_found_after_onset_and_no_false_alarm():
             assert alerts[0].rate_bytes_per_s == pytest.approx(label["rate_Bps"], rel=0.35), name
 
 
+@pytest.mark.process
 def test_analyze_reproduces_the_engine_exactly():
     labels = dev_labels()
     files = [str(DEV_TRACES / n) for n in sorted(labels) if not n.startswith("benign")]
@@ -74,6 +76,7 @@ def test_analyze_reproduces_the_engine_exactly():
     assert stall["rate_bytes_per_s"] is None and stall["eta_s"] is None
 
 
+@pytest.mark.process
 def test_analyze_minimal_columns_and_config_file(tmp_path):
     tr = generate("stall_idle", seed=1, interval_s=30.0, columns=("util",), duration_s=4 * 3600)
     csv_path = tmp_path / "job.csv"
@@ -90,6 +93,7 @@ def test_analyze_minimal_columns_and_config_file(tmp_path):
     assert proc.returncode == 2 and "stall_window_s" in proc.stderr and str(cfg) in proc.stderr
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("content", "expect"),
     [
@@ -116,6 +120,7 @@ def test_analyze_bad_file_one_line_exit_2(tmp_path, content, expect):
     ]  # others still run
 
 
+@pytest.mark.process
 def test_analyze_missing_file(tmp_path):
     proc = analyze(str(tmp_path / "nope.csv"))
     assert proc.returncode == 2 and "nope.csv: no such file" in proc.stderr

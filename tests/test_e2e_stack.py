@@ -40,6 +40,8 @@ from support.waits import wait_for_port
 
 from otel_gpu.detect.settings import ENV_PREFIX, DetectConfig
 
+pytestmark = pytest.mark.peers
+
 SPEED = 240.0
 SERVICE = "e2e-train"
 ALERT_WAIT_S = 240  # the processor's leak alert comes after 60-80 s on 2 loaded cores

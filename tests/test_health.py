@@ -56,6 +56,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.unit
 def test_a_stale_snapshot_is_not_exported_and_its_age_is() -> None:
     mono = Clock()
     sampler = Sampler(SimulatedSource("steady"), None, interval_s=1.0, monotonic=mono)
@@ -76,6 +77,7 @@ def test_a_stale_snapshot_is_not_exported_and_its_age_is() -> None:
     assert _collect(reader)["hw.gpu.memory.usage"]
 
 
+@pytest.mark.process
 def test_export_failures_and_dropped_points_are_counted_against_a_dead_collector() -> None:
     health = ExportHealth()
     exporter = OTLPMetricExporter(endpoint=f"http://127.0.0.1:{_closed_port()}", timeout=0.5)
@@ -96,6 +98,7 @@ def test_export_failures_and_dropped_points_are_counted_against_a_dead_collector
     provider.shutdown(timeout_millis=1_000)
 
 
+@pytest.mark.unit
 def test_nvml_errors_are_counted_by_name_across_sampler_restarts() -> None:
     sampler = Sampler(SimulatedSource("steady"), None, interval_s=1.0)
     sampler.source.error_counts = {"TIMEOUT": 2}  # type: ignore[attr-defined]
@@ -107,6 +110,7 @@ def test_nvml_errors_are_counted_by_name_across_sampler_restarts() -> None:
     assert sampler.nvml_errors() == {"TIMEOUT": 3, "UNKNOWN": 1}  # ...the total never goes back
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("age", "failing", "code", "words"),
     [
@@ -142,6 +146,7 @@ def _get(url: str) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
+@pytest.mark.process
 def test_health_server_stays_bounded_under_idle_connections() -> None:
     server = HealthServer("127.0.0.1:0", {"/healthz": lambda: (True, "ok")})
     host, port = server.address.rsplit(":", 1)
@@ -169,6 +174,7 @@ def test_health_server_stays_bounded_under_idle_connections() -> None:
     server.close()
 
 
+@pytest.mark.peers
 def test_run_healthz_turns_503_while_sampling_is_stuck_and_200_after(
     fake_nvml: FakeNvml, tmp_path: Path
 ) -> None:
@@ -209,6 +215,7 @@ def test_run_healthz_turns_503_while_sampling_is_stuck_and_200_after(
     assert sampled and all("sampling fresh" in r for r in sampled), seen
 
 
+@pytest.mark.process
 def test_bad_health_address_is_refused_before_the_job_starts(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     for value in ("localhost", "127.0.0.1:99999", "nohost:"):

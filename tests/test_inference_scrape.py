@@ -15,6 +15,8 @@ from support.inference import SGLANG, TGI, TRITON, VLLM
 
 from otel_gpu.inference.scrape import ServerScraper
 
+pytestmark = pytest.mark.process
+
 
 class Served:
     """A real HTTP server on 127.0.0.1 whose /metrics body the test sets."""

@@ -99,6 +99,7 @@ def _check_points(fault: str, points: list[tuple[str, dict, float, int]]) -> Non
         assert max(ages) > 2.0
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_run_survives(fake_nvml: FakeNvml, tmp_path: Path, fault: str) -> None:
     env = _arm(fault, fake_nvml, tmp_path)
@@ -115,6 +116,7 @@ def test_run_survives(fake_nvml: FakeNvml, tmp_path: Path, fault: str) -> None:
     _check_log(fault, proc.stderr)
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_watch_survives(fake_nvml: FakeNvml, tmp_path: Path, fault: str) -> None:
     env = _arm(fault, fake_nvml, tmp_path)
@@ -134,6 +136,7 @@ def test_watch_survives(fake_nvml: FakeNvml, tmp_path: Path, fault: str) -> None
     _check_log(fault, proc.stderr)
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_instrumented_trainer_survives(fake_nvml: FakeNvml, tmp_path: Path, fault: str) -> None:
     script = tmp_path / "train.py"
@@ -177,6 +180,7 @@ def test_instrumented_trainer_survives(fake_nvml: FakeNvml, tmp_path: Path, faul
     _check_log(fault, proc.stderr)
 
 
+@pytest.mark.process
 def test_sampling_works_in_a_process_holding_more_than_1024_files(tmp_path: Path) -> None:
     """An instrumented trainer may hold thousands of files and sockets: the pipe from the
     sampling helper then gets a descriptor above select()'s 1024 limit."""

@@ -15,6 +15,8 @@ import yaml
 
 from otel_gpu.cli import build_parser
 
+pytestmark = pytest.mark.peers
+
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
 OVERLAYS = ["overlays/cluster", "overlays/vllm"]
 # The oldest Kubernetes the manifests promise to work on, and the newest the validator knows.

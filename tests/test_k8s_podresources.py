@@ -54,6 +54,7 @@ def stubs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleType
     yield from compiled_stubs(tmp_path_factory)
 
 
+@pytest.mark.unit
 def test_the_shipped_descriptor_is_the_vendored_proto_compiled(tmp_path: Path) -> None:
     out = tmp_path / "api.desc"
     assert (
@@ -94,6 +95,7 @@ def _collect(attribution: NodeAttribution) -> dict[str, list[tuple[float, dict]]
     return got
 
 
+@pytest.mark.process
 def test_gpus_and_mig_devices_land_on_their_pods(
     stubs: tuple[ModuleType, ModuleType], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -144,6 +146,7 @@ def _hung_socket(path: Path) -> socket.socket:
     return s
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("broken", ["missing", "hung"])
 def test_a_missing_or_hung_socket_degrades_to_cgroups_with_one_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, broken: str
@@ -182,6 +185,7 @@ def test_a_missing_or_hung_socket_degrades_to_cgroups_with_one_warning(
     assert elapsed < 30  # bounded by the 0.5 s deadline per call, not hung with the kubelet
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("env", "devices", "warned"),
     [

@@ -180,6 +180,7 @@ def _pod(namespace: str, pod: str, container: str) -> dict[str, str]:
     return dict(zip(K8S, (namespace, pod, UID[pod], container), strict=True))
 
 
+@pytest.mark.peers
 def test_gpu_and_process_series_carry_their_pods_attributes(
     node: Node, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -235,6 +236,7 @@ def test_gpu_and_process_series_carry_their_pods_attributes(
     assert any(UID["gone"] in w and "no longer runs" in w for w in warned)
 
 
+@pytest.mark.peers
 def test_a_replaced_pod_starts_new_series(node: Node) -> None:
     node.sweep()
     # vllm-0 is deleted and vllm-1 takes its GPU: new kubelet allocation, new log folder, the
@@ -261,6 +263,7 @@ def test_a_replaced_pod_starts_new_series(node: Node) -> None:
     ]
 
 
+@pytest.mark.process
 def test_without_the_kubelet_cgroups_and_pod_logs_attribute_the_series(
     fake_nvml: FakeNvml,
     tmp_path: Path,
@@ -289,6 +292,7 @@ def test_without_the_kubelet_cgroups_and_pod_logs_attribute_the_series(
     assert orphaned == [(node.pid["gone"], "pod_gone")]  # no_pod needs the kubelet
 
 
+@pytest.mark.process
 def test_the_daemonset_command_exports_labelled_series(
     fake_nvml: FakeNvml, tmp_path: Path, stubs: tuple[ModuleType, ModuleType]
 ) -> None:

@@ -63,6 +63,7 @@ def _breaker_points(req: ExportMetricsServiceRequest) -> list[tuple[dict, dict]]
     return out
 
 
+@pytest.mark.unit
 def test_agent_and_processor_give_a_subject_the_same_identity(tmp_path: Path) -> None:
     """The GPU and the process on it, as the agent exports them and as the processor exports
     them from the same reporter's data: the same identity attributes, point and resource."""
@@ -216,6 +217,7 @@ def _stats(processor: ProcessorProcess) -> dict[str, Any]:
         return json.loads(r.read())["detection"]  # type: ignore[no-any-return]
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize(
     "agent_detects", [True, False], ids=["agent-detects", "agent-exports-only"]
 )

@@ -23,6 +23,7 @@ from support.webhook import Webhook
 from otel_gpu.processor.wire import METRICS_EXPORT
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "args, variables, fragment",
     [
@@ -45,6 +46,7 @@ def test_bad_arguments_are_one_line_usage_errors(args, variables, fragment):
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in r.stderr
 
 
+@pytest.mark.process
 def test_a_port_in_use_is_a_usage_error():
     first = ProcessorProcess("--listen", "127.0.0.1:0")
     try:
@@ -58,6 +60,7 @@ def _transitions(down) -> int:
     return sum(r.event_name == "otel_gpu.breaker.transition" for r in down.log_records())
 
 
+@pytest.mark.peers
 def test_kill_9_and_restart_keeps_the_open_breaker_and_does_not_notify_again(tmp_path):
     hook = Webhook()
     state = str(tmp_path / "processor.db")
@@ -108,6 +111,7 @@ def test_kill_9_and_restart_keeps_the_open_breaker_and_does_not_notify_again(tmp
     hook.close()
 
 
+@pytest.mark.process
 def test_sigterm_flushes_and_exits_promptly():
     with receiver() as down:
         p = ProcessorProcess("--listen", "127.0.0.1:0", "--forward", down.address)
@@ -130,6 +134,7 @@ def _rotel() -> str:
     return str(path)
 
 
+@pytest.mark.peers
 def test_sdk_through_rotel_through_the_processor(tmp_path):
     with receiver() as down:
         proc = ProcessorProcess("--listen", "127.0.0.1:0", "--forward", down.address)
@@ -174,6 +179,7 @@ def test_sdk_through_rotel_through_the_processor(tmp_path):
             assert proc.terminate() == 0
 
 
+@pytest.mark.process
 def test_the_real_agent_payload_is_decoded_into_subjects():
     """`otel-gpu run --simulate` (the real agent and SDK exporter) -> processor -> receiver."""
     import re

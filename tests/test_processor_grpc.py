@@ -36,6 +36,8 @@ from otel_gpu.detect.breaker import BreakerConfig
 from otel_gpu.processor import Downstream, Processor, ProcessorConfig
 from otel_gpu.processor.wire import LOGS_EXPORT, METRICS_EXPORT, TRACE_EXPORT
 
+pytestmark = pytest.mark.process
+
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from support.otlp_receiver import call
 from support.paths import ROOT
 from support.ports import free_port
@@ -30,6 +31,8 @@ from support.synth import agent_request
 
 from otel_gpu.processor.queue import queue_file
 from otel_gpu.processor.wire import METRICS_EXPORT
+
+pytestmark = pytest.mark.process
 
 LIMIT = 256 * 1024  # bytes: the largest file the limited processor may write
 T0 = int((time.time() - 3600) * 1e9)

@@ -25,6 +25,8 @@ from otel_gpu.processor.pipeline import Detection
 from otel_gpu.processor.settings import Downstream, ProcessorConfig
 from otel_gpu.processor.store import StateStore
 
+pytestmark = pytest.mark.unit
+
 T0 = int((time.time() - 3600) * 1e9)
 NOW = time.time()
 

@@ -25,6 +25,8 @@ from support.ports import free_port
 from support.prometheus_peer import Prometheus
 from support.tiny_training import TRAINING_LOOP
 
+pytestmark = pytest.mark.peers
+
 RULES = ROOT / "deploy" / "prometheus" / "otel-gpu-rules.yml"
 DASHBOARDS = sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json"))
 LEAK_WAIT_S = 150  # the leak alert comes after ~35 s on an idle 2-core machine

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from fakenvml.fixtures import FakeNvml
 from support.cli import CLI, clean_env
 from support.recording import FAST_LEAK_WINDOWS, record_simulated_leak
@@ -25,6 +26,7 @@ def analyze(*args: str) -> list[dict]:
     return [json.loads(line) for line in res.stdout.splitlines()]
 
 
+@pytest.mark.peers
 def test_recording_holds_exactly_the_points_the_engine_judged_and_replays_its_alerts(
     tmp_path: Path,
 ) -> None:
@@ -47,6 +49,7 @@ def test_recording_holds_exactly_the_points_the_engine_judged_and_replays_its_al
     ]
 
 
+@pytest.mark.peers
 def test_run_record_and_summary_json_agree_with_analyze(
     fake_nvml: FakeNvml, tmp_path: Path
 ) -> None:
@@ -74,6 +77,7 @@ def test_run_record_and_summary_json_agree_with_analyze(
     assert [(x["kind"], x["subject"], x["time_s"]) for x in replayed] == live
 
 
+@pytest.mark.process
 def test_unwritable_record_path_is_refused_before_the_job_starts(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     res = subprocess.run(
@@ -88,6 +92,7 @@ def test_unwritable_record_path_is_refused_before_the_job_starts(tmp_path: Path)
     assert not marker.exists()
 
 
+@pytest.mark.unit
 def test_a_stalled_disk_drops_whole_sweeps_and_never_blocks_the_sampler() -> None:
     import os
 

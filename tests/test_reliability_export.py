@@ -30,6 +30,8 @@ from otel_gpu.agent.settings import Settings
 from otel_gpu.sampling.sampler import Sampler
 from otel_gpu.sampling.sim import SimulatedSource
 
+pytestmark = pytest.mark.process
+
 OK = None  # an answer: success
 
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 from support.cli import CLI, clean_env
 from support.collectors import Refusal, ScriptedCollector, serving
 
@@ -43,6 +44,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 30) -> None
         time.sleep(0.05)
 
 
+@pytest.mark.peers
 def test_memory_and_threads_stay_flat_through_150_failed_exports(tmp_path: Path) -> None:
     """The NoBackend scenario, accelerated: an export every 50 ms to a collector that refuses
     every batch (UNAVAILABLE, as one whose backend is down; the SDK rebuilds its gRPC channel
@@ -78,6 +80,7 @@ def test_memory_and_threads_stay_flat_through_150_failed_exports(tmp_path: Path)
     assert proc.returncode == 0, err[-2000:]
 
 
+@pytest.mark.process
 def test_sigterm_during_an_outage_exits_within_the_shutdown_bound(tmp_path: Path) -> None:
     """A blackhole collector and a 30 s export timeout: without the shutdown bound the final
     flush alone would wait 30 s. SIGTERM reaches the job, and the wrapper reports its death

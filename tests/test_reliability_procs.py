@@ -13,6 +13,8 @@ from support.procfs import FakeProc
 
 from otel_gpu.sampling.procs import ProcessTree
 
+pytestmark = pytest.mark.unit
+
 CASES = [
     # (case, raw /proc/PID/cmdline, exported process.command)
     ("not UTF-8", b"python3\0\xff\xfe.py\0", "python3 \ufffd\ufffd.py"),

@@ -13,6 +13,9 @@ from PIL import Image
 from support.cli import CLI, clean_env
 from support.recording import FAST_LEAK_WINDOWS, record_simulated_leak
 
+# Every test reads the module's report: a real agent's recording, rendered (~12 s), and Chromium.
+pytestmark = pytest.mark.peers
+
 OUTPUT = Path(__file__).parent / "output"
 WINDOW = (1200, 2200)
 

@@ -121,6 +121,7 @@ def pod(fake_nvml: FakeNvml, tmp_path: Path) -> Iterator[tuple[Pod, OtlpSink, Fa
             print(pod.close())
 
 
+@pytest.mark.peers
 def test_sidecar_in_a_pid_namespace(pod: tuple[Pod, OtlpSink, FakeNvml]) -> None:
     p, sink, fake = pod
     wait_until("/healthz 200", lambda: _get(p.url + "/healthz")[0] == 200)
@@ -194,6 +195,7 @@ def test_sidecar_in_a_pid_namespace(pod: tuple[Pod, OtlpSink, FakeNvml]) -> None
     assert not alive
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("args", "env", "line"),
     [
@@ -221,6 +223,7 @@ def test_bad_sidecar_settings_are_one_line_and_exit_2(
     assert proc.stderr.strip().splitlines() == [line]
 
 
+@pytest.mark.process
 def test_sidecar_records_what_it_sampled_and_analyze_replays_it(tmp_path: Path) -> None:
     # A server process with a name of its own, so --match finds it and nothing else.
     exe = tmp_path / "otelgpu-rec-server"

@@ -20,6 +20,8 @@ from support.otlp_sink import OtlpSink
 from support.ports import free_port
 from support.tiny_training import offline_env, swift_sft_argv, write_swift_assets
 
+pytestmark = pytest.mark.peers
+
 BIN = Path(sys.executable).parent
 INSTRUMENT = str(BIN / "opentelemetry-instrument")
 SWIFT = shutil.which("swift", path=str(BIN)) or "swift"

@@ -25,6 +25,8 @@ SPANS = InMemorySpanExporter()
 READER = InMemoryMetricReader()
 LOGS = InMemoryLogRecordExporter()
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(scope="module", autouse=True)
 def instrumented():
