@@ -9,5 +9,6 @@ from fakenvml.fixtures import (  # noqa: F401
     legacy_nvml,
 )
 
-# ---- tiers (tests/support/tiers.py): exactly one per test; a unit test stays in-process
-from support.tiers import a_unit_test_stays_in_process, pytest_collection_modifyitems  # noqa: F401
+# ---- plugins: tiers (exactly one per test; a unit test stays in-process) and parallel workers
+# (how many, what each keeps to itself, which tests share one): tests/support/{tiers,parallel}.py
+pytest_plugins = ["support.tiers", "support.parallel"]
