@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from tracegen import BENIGN, FAULTS, generate  # noqa: E402
+from support.tracegen import BENIGN, FAULTS, generate  # noqa: E402
 
 from otel_gpu.detect.engine import Engine  # noqa: E402
 from otel_gpu.detect.model import Point  # noqa: E402

@@ -1,6 +1,6 @@
 """Throughput of `otel-gpu processor` on one core, beside a decode-only floor.
 
-Payload: agent-shaped OTLP metrics requests (tests/synth.py): 8 GPUs x 15 device
+Payload: agent-shaped OTLP metrics requests (tests/support/synth.py): 8 GPUs x 15 device
 series + 64 processes x 7 series = 568 data points per request, one request per collection, 4
 agents sending concurrently, 15 s of data time apart, memory, utilization and power jittering
 as on a busy node. The processor is measured in steady state: its engine first takes
@@ -61,7 +61,7 @@ import grpc  # noqa: E402
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (  # noqa: E402
     ExportMetricsServiceRequest,
 )
-from synth import agent_request  # noqa: E402
+from support.synth import agent_request  # noqa: E402
 
 from otel_gpu.detect.breaker import BreakerConfig  # noqa: E402
 from otel_gpu.detect.engine import Engine  # noqa: E402

@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import grpc  # noqa: E402
 from google.rpc import error_details_pb2  # noqa: E402
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue  # noqa: E402
-from synth import agent_request  # noqa: E402
+from support.synth import agent_request  # noqa: E402
 
 from otel_gpu.processor.wire import METRICS_EXPORT  # noqa: E402
 

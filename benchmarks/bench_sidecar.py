@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from bench_vs_nvitop import CLK_TCK, children, cmdline, free_port  # noqa: E402
 from bench_vs_nvitop import Window as _Window  # noqa: E402
-from otlp_sink import OtlpSink  # noqa: E402
-from test_inference_scrape import VLLM  # noqa: E402
+from support.inference import VLLM  # noqa: E402
+from support.otlp_sink import OtlpSink  # noqa: E402
 
 from tests.fakenvml.build import build_fake  # noqa: E402
 

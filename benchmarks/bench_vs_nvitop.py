@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from bench_sample_cycle import GPUS, PROCS, scenario  # noqa: E402
-from otlp_sink import OtlpSink  # noqa: E402
+from support.otlp_sink import OtlpSink  # noqa: E402
 
 from tests.fakenvml.build import build_fake  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Shared pytest fixtures. Each section belongs to one concern; add yours in its own section."""
+"""Shared pytest fixtures and hooks. Each section belongs to one concern; add yours in its own section."""
 
 # ---- fake NVML (tests/fakenvml): fake_nvml_library (session), fake_nvml (per test), legacy_nvml
 from fakenvml.fixtures import (  # noqa: F401
@@ -8,3 +8,7 @@ from fakenvml.fixtures import (  # noqa: F401
     fake_nvml_library,
     legacy_nvml,
 )
+
+# ---- plugins: tiers (exactly one per test; a unit test stays in-process) and parallel workers
+# (how many, what each keeps to itself, which tests share one): tests/support/{tiers,parallel}.py
+pytest_plugins = ["support.tiers", "support.parallel"]

@@ -3,11 +3,11 @@
 # Prometheus 2.42 with promtool, Alertmanager with amtool, docker-compose (config validation
 # only; no engine), and Chromium (headless page tests). From PyPI, in its own virtualenv (about
 # 850 MB, kept out of the project's environment): arize-phoenix, a real OTLP trace store
-# (tests/phoenix_peer.py finds it there). Installs only what is missing; does nothing when all
-# are there.
+# (tests/support/phoenix_peer.py finds it there). Installs only what is missing; does nothing
+# when all are there.
 set -euo pipefail
 PEERS_DIR=${OTEL_GPU_PEERS_DIR:-$HOME/.cache/otel-gpu-peers}
-PHOENIX_VERSION=20.26.1  # tests/phoenix_peer.py checks this version
+PHOENIX_VERSION=20.26.1  # tests/support/phoenix_peer.py checks this version
 phoenix="$PEERS_DIR/phoenix"
 if ! "$phoenix/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('arize-phoenix') != '$PHOENIX_VERSION')" 2>/dev/null; then
   echo "tests/install-peers.sh: installing arize-phoenix $PHOENIX_VERSION in $phoenix (PyPI)" >&2

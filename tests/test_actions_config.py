@@ -24,6 +24,8 @@ from otel_gpu.actions.settings import env_name
 from otel_gpu.core.errors import UsageError
 from otel_gpu.detect.engine import ALERT_KINDS
 
+pytestmark = pytest.mark.unit
+
 SLACK = "https://hooks.slack.com/services/T0001/B0002/SeCrEtToKeN99"
 DING = "https://oapi.dingtalk.com/robot/send?access_token=abcdef0123456789"
 

@@ -18,6 +18,8 @@ from otel_gpu.core.signals import ALERT_EVENT
 from otel_gpu.detect.breaker import Breaker, BreakerConfig
 from otel_gpu.detect.model import LEAK, STALL, Alert
 
+pytestmark = pytest.mark.unit
+
 try:  # newer SDKs call it InMemoryLogRecordExporter; the old name warns
     from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter as MemoryLogs
 except ImportError:  # pragma: no cover - older SDKs

@@ -16,6 +16,8 @@ from otel_gpu.actions.notifiers import JsonNotifier, Reply, SlackNotifier
 from otel_gpu.actions.outbox import Delivery, Outbox, RetryPolicy
 from otel_gpu.detect.breaker import Transition
 
+pytestmark = pytest.mark.unit
+
 SLACK = "https://hooks.slack.com/services/T0001/B0002/SeCrEtToKeN99"
 HOOK = "https://alerts.example/hook/pAtHsEcReT77"
 

@@ -69,6 +69,7 @@ def children(tmp_path: Path) -> Iterator[list[Child]]:
         c.proc.wait(5)
 
 
+@pytest.mark.process
 def test_signals_the_allowed_trainer_and_nothing_else(children) -> None:  # type: ignore[no-untyped-def]
     trainer, sibling = children("trainer"), children("sibling")
     stopper = JobStopper(lambda: {trainer.pid})
@@ -79,6 +80,7 @@ def test_signals_the_allowed_trainer_and_nothing_else(children) -> None:  # type
     assert sibling.received() == [] and sibling.proc.poll() is None
 
 
+@pytest.mark.process
 def test_refuses_unsafe_and_vanished_pids(children) -> None:  # type: ignore[no-untyped-def]
     done = subprocess.Popen([sys.executable, "-c", "pass"])
     done.wait(10)  # reaped: its PID no longer names a process of ours
@@ -92,6 +94,7 @@ def test_refuses_unsafe_and_vanished_pids(children) -> None:  # type: ignore[no-
     assert bystander.received() == []
 
 
+@pytest.mark.process
 def test_pid_dropped_from_the_allowed_set_before_sending_is_spared(children) -> None:  # type: ignore[no-untyped-def]
     a, b = children("a"), children("b")
     calls = iter([{a.pid, b.pid}, {a.pid}])  # b left the job between listing and sending
@@ -102,6 +105,7 @@ def test_pid_dropped_from_the_allowed_set_before_sending_is_spared(children) -> 
     assert b.received() == []
 
 
+@pytest.mark.process
 def test_in_process_request_comes_first(children) -> None:  # type: ignore[no-untyped-def]
     trainer = children("trainer")
     reasons: list[str] = []
@@ -128,6 +132,7 @@ def test_in_process_request_comes_first(children) -> None:  # type: ignore[no-un
     assert trainer.received() == ["SIGTERM", "SIGTERM"]
 
 
+@pytest.mark.unit
 def test_signal_names() -> None:
     assert parse_signal("SIGTERM") is signal.SIGTERM
     assert parse_signal("usr2") is signal.SIGUSR2
@@ -143,6 +148,7 @@ def _opened(kind: str, episode: int, subject: str = "job") -> Transition:
     return Transition(subject, "closed", "open", 10.0, "opened", a, episode)
 
 
+@pytest.mark.process
 def test_dispatcher_stops_once_per_episode_and_only_for_chosen_kinds(children) -> None:  # type: ignore[no-untyped-def]
     trainer = children("trainer")
     off = ActionDispatcher.from_config(ActionsConfig(), allowed_pids=lambda: {trainer.pid})

@@ -165,6 +165,7 @@ def fast(notifiers: list, **kw: object) -> ActionDispatcher:
     return ActionDispatcher(notifiers, **opts)
 
 
+@pytest.mark.process
 def test_every_vendor_payload_and_signature(server: Server) -> None:
     cfg = ActionsConfig.from_env(
         {
@@ -228,6 +229,7 @@ def test_every_vendor_payload_and_signature(server: Server) -> None:
     assert g["alert"]["kind"] == LEAK and g["alert"]["eta_s"] == 7200.0 and g["source"] == "job-7"
 
 
+@pytest.mark.process
 def test_dingtalk_signature_appends_to_query(server: Server) -> None:
     d = fast([DingTalkNotifier(server.url("/robot/send"), DING_SECRET)])
     d.on_transition(opened())
@@ -236,6 +238,7 @@ def test_dingtalk_signature_appends_to_query(server: Server) -> None:
     assert set(seen.query) == {"timestamp", "sign"}
 
 
+@pytest.mark.process
 def test_default_notifies_open_and_resolved_once_per_episode(server: Server) -> None:
     d = fast([JsonNotifier(server.url("/hook"))])
     b = Breaker(BreakerConfig(cooldown_s=60, probation_s=60))
@@ -267,6 +270,7 @@ def test_default_notifies_open_and_resolved_once_per_episode(server: Server) -> 
     assert server.on("/none") == []
 
 
+@pytest.mark.process
 def test_retries_5xx_with_exponential_backoff(server: Server) -> None:
     server.plan("/s", "500", "503", "ok")
     d = fast([SlackNotifier(server.url("/s"))], backoff_s=0.1)
@@ -280,6 +284,7 @@ def test_retries_5xx_with_exponential_backoff(server: Server) -> None:
     assert (st.delivered, st.retried, st.failed) == (1, 2, 0)
 
 
+@pytest.mark.process
 def test_gives_up_after_max_attempts_and_permanent_4xx_is_not_retried(server: Server) -> None:
     server.plan("/down", "500")
     server.plan("/bad", "400")
@@ -292,6 +297,7 @@ def test_gives_up_after_max_attempts_and_permanent_4xx_is_not_retried(server: Se
     assert (d.stats.failed, d.stats.delivered) == (2, 0)
 
 
+@pytest.mark.process
 def test_429_retry_after_is_honoured_within_a_cap(server: Server) -> None:
     server.plan("/limited", "429:1", "ok")
     server.plan("/capped", "429:3600", "ok")
@@ -311,6 +317,7 @@ def test_429_retry_after_is_honoured_within_a_cap(server: Server) -> None:
     assert 0.28 <= b.at - a.at < 1.5  # 3600 s asked, capped at 0.3 s
 
 
+@pytest.mark.process
 def test_vendor_error_codes_in_a_200_reply(server: Server) -> None:
     server.plan(
         "/rate",
@@ -327,6 +334,7 @@ def test_vendor_error_codes_in_a_200_reply(server: Server) -> None:
     assert (d.stats.delivered, d.stats.failed) == (1, 1)
 
 
+@pytest.mark.process
 def test_stalled_server_times_out_and_is_retried(server: Server) -> None:
     server.plan("/slow", "stall:10", "ok")
     d = fast([SlackNotifier(server.url("/slow"))], timeout_s=0.3)
@@ -339,6 +347,7 @@ def test_stalled_server_times_out_and_is_retried(server: Server) -> None:
     assert 0.3 <= elapsed < 2.0
 
 
+@pytest.mark.process
 def test_close_is_bounded_even_with_a_stalled_request(server: Server) -> None:
     server.plan("/slow", "stall:20")
     d = fast([SlackNotifier(server.url("/slow"))], timeout_s=10.0)
@@ -353,6 +362,7 @@ def test_close_is_bounded_even_with_a_stalled_request(server: Server) -> None:
     assert d.stats.dropped == 1
 
 
+@pytest.mark.process
 def test_close_waits_for_backoff_only_within_its_deadline(server: Server) -> None:
     server.plan("/down", "500")
     d = fast([SlackNotifier(server.url("/down"))], backoff_s=5.0, backoff_max_s=10, max_attempts=5)
@@ -364,6 +374,7 @@ def test_close_waits_for_backoff_only_within_its_deadline(server: Server) -> Non
     assert d.stats.abandoned == 1
 
 
+@pytest.mark.process
 def test_queue_is_bounded_and_drops_the_oldest(server: Server) -> None:
     server.plan("/slow", "stall:10", "ok")
     d = fast([JsonNotifier(server.url("/slow"))], queue_size=3)
@@ -379,6 +390,7 @@ def test_queue_is_bounded_and_drops_the_oldest(server: Server) -> None:
     assert [s.json()["subject"] for s in server.on("/slow")] == ["s0", "s7", "s8", "s9"]
 
 
+@pytest.mark.process
 def test_secrets_never_reach_logs(server: Server, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="otel_gpu")
     server.plan("/robot/send", "echo500")
@@ -410,6 +422,7 @@ def test_secrets_never_reach_logs(server: Server, caplog: pytest.LogCaptureFixtu
     assert "HTTP 500" in text and "gave up" in text
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("header", "seconds"),
     [

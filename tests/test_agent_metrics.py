@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from support.sdk_metrics import collect
 
 from otel_gpu.agent import instruments as metrics
 from otel_gpu.agent.agent import Agent
@@ -27,19 +28,6 @@ from otel_gpu.sampling.snapshot import (
 )
 
 
-def collect(reader: InMemoryMetricReader) -> dict[str, list[tuple[float, dict[str, Any], str]]]:
-    out: dict[str, list[tuple[float, dict[str, Any], str]]] = {}
-    data = reader.get_metrics_data()
-    if data is None:  # nothing observed at all
-        return out
-    for rm in data.resource_metrics:
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                for p in m.data.data_points:
-                    out.setdefault(m.name, []).append((p.value, dict(p.attributes), m.unit))
-    return out
-
-
 @pytest.fixture()
 def child() -> Iterator[subprocess.Popen]:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -48,6 +36,7 @@ def child() -> Iterator[subprocess.Popen]:
     proc.wait()
 
 
+@pytest.mark.process
 def test_simulated_job_exports_every_device_and_process_instrument(child: subprocess.Popen) -> None:
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
@@ -91,6 +80,7 @@ def test_simulated_job_exports_every_device_and_process_instrument(child: subpro
     assert got["process.cpu.utilization"][0][2] == "1"
 
 
+@pytest.mark.unit
 def test_unknown_values_are_skipped_not_zero() -> None:
     snap = Snapshot(
         time=1.0,
@@ -109,6 +99,7 @@ def test_unknown_values_are_skipped_not_zero() -> None:
     assert [v for v, _, _ in got["process.thread.count"]] == [3]
 
 
+@pytest.mark.unit
 def test_failed_gpu_reports_failed_status_while_others_flow() -> None:
     snap = Snapshot(
         time=1.0,
@@ -126,6 +117,7 @@ def test_failed_gpu_reports_failed_status_while_others_flow() -> None:
     assert [a["hw.id"] for _, a, _ in got["hw.gpu.memory.usage"]] == ["GPU-ok"]
 
 
+@pytest.mark.unit
 def test_throttle_reasons_are_decoded_and_reported_until_cleared() -> None:
     current = [
         Snapshot(time=1.0, gpus=(GpuSample(uuid="G", index=0, throttle_reasons=0x4 | 0x40),))
@@ -140,6 +132,7 @@ def test_throttle_reasons_are_decoded_and_reported_until_cleared() -> None:
     assert got == {"sw_power_cap": 1, "hw_thermal_slowdown": 0}
 
 
+@pytest.mark.unit
 def test_unmapped_gpu_process_is_reported_under_its_host_pid() -> None:
     snap = Snapshot(
         time=1.0,
@@ -154,6 +147,7 @@ def test_unmapped_gpu_process_is_reported_under_its_host_pid() -> None:
     ]
 
 
+@pytest.mark.process
 def test_forked_child_exports_no_agent_series(tmp_path: Any) -> None:
     """A DataLoader-style fork must not report the parent's device and process series."""
     snap = Snapshot(time=1.0, gpus=(GpuSample(uuid="G", index=0, memory_used=1, memory_total=2),))
@@ -180,6 +174,7 @@ class _Boom:
         raise RuntimeError("listener bug")
 
 
+@pytest.mark.unit
 def test_sampler_survives_a_failing_listener_and_logs_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -192,6 +187,7 @@ def test_sampler_survives_a_failing_listener_and_logs_once(
     assert sum("listener" in r.getMessage() for r in caplog.records) == 1
 
 
+@pytest.mark.unit
 def test_sampler_thread_publishes_and_stops_promptly() -> None:
     sampler = Sampler(SimulatedSource("steady"), None, interval_s=0.1)
     sampler.start()

@@ -19,6 +19,8 @@ from otel_gpu.detect.breaker import (
 )
 from otel_gpu.detect.model import LEAK, STALL, Alert
 
+pytestmark = pytest.mark.unit
+
 CFG = BreakerConfig(alerts_to_open=1, window_s=300.0, cooldown_s=600.0, probation_s=300.0)
 CFG3 = BreakerConfig(alerts_to_open=3, window_s=100.0, cooldown_s=600.0, probation_s=300.0)
 

@@ -14,17 +14,17 @@ from dataclasses import dataclass, field
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from support.snapshots import GB, STEP, leak_snapshots
 
 from otel_gpu.actions.dispatcher import transition_event
 from otel_gpu.agent.watchdog import Watchdog
 from otel_gpu.detect.breaker import CLOSED, HALF_OPEN, OPEN, Breaker, BreakerConfig, Transition
 from otel_gpu.detect.engine import Engine
 from otel_gpu.detect.model import LEAK, STALL, Alert, Point
-from otel_gpu.sampling.snapshot import GpuSample, Snapshot
 
-GB = 1e9
+pytestmark = pytest.mark.unit
+
 MB_H = 1e6 / 3600  # By/s in one MB/h
-STEP = 60.0  # s between points
 NOTIFY_ON = ("open", "closed")  # the default OTEL_GPU_NOTIFY_ON
 
 
@@ -167,27 +167,6 @@ def test_a_leak_that_resumes_after_it_was_resolved_is_a_new_episode() -> None:
     assert run.alerts[1].rate_bytes_per_s == pytest.approx(900 * MB_H, rel=0.2)
 
 
-def _leak_snapshots(start: float, hours: float, rate: Callable[[float], float]):
-    """A GPU whose memory is flat for an hour, then rises at ``rate(t)`` By/s."""
-    used = 20 * GB
-    t = start
-    while t <= start + hours * 3600:
-        if t > start + 3600:
-            used += rate(t) * STEP
-        gpu = GpuSample(
-            uuid="GPU-live",
-            index=0,
-            memory_used=int(used),
-            memory_total=int(80 * GB),
-            util_gpu=0.9,
-            power_w=600.0,
-            power_limit_w=700.0,
-            processes_listed=False,  # process count unknown (0 would mean "released")
-        )
-        yield Snapshot(time=t, gpus=(gpu,))
-        t += STEP
-
-
 def _gauges(reader: InMemoryMetricReader) -> dict[str, float]:
     data = reader.get_metrics_data()
     out: dict[str, float] = {}
@@ -214,7 +193,7 @@ def test_leak_rate_and_time_to_exhaustion_follow_the_data_and_go_when_it_clears(
         return (600 if t < 6 * 3600 else 1200) * MB_H
 
     seen: dict[float, dict[str, float]] = {}
-    for snap in _leak_snapshots(0.0, 16, rate):
+    for snap in leak_snapshots(0.0, 16, rate):
         wd.on_snapshot(snap)
         if snap.time % 1800 == 0:
             seen[snap.time / 3600] = _gauges(reader)

@@ -18,6 +18,8 @@ from opentelemetry.sdk.metrics.view import View
 from otel_gpu.agent import instruments as metrics
 from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, ProcessSample, Snapshot
 
+pytestmark = pytest.mark.unit
+
 GPU = "GPU-fa4e0000-0000-4000-8000-000000000000"
 TRAINER = 100  # lives through the whole run
 WORKERS_PER_EPOCH = 50

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import socket
 import subprocess
@@ -12,22 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+from support.cli import CLI, clean_env, otel_gpu
+from support.console import console_points_by_name
 
-CLI = [sys.executable, "-m", "otel_gpu.cli"]
-
-
-def otel_gpu(
-    *args: str, timeout: float = 60, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, timeout=timeout, env=env or _env()
-    )
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "FAKE_NVML"))}
-    env.update(extra)
-    return env
+pytestmark = pytest.mark.process
 
 
 @pytest.mark.parametrize(
@@ -67,27 +53,6 @@ def test_run_passes_the_exit_code_through() -> None:
     assert res.returncode == 7, res.stderr
 
 
-def _points(stdout: str) -> dict[str, list[dict]]:
-    """Data points by metric name from ConsoleMetricExporter's JSON documents."""
-    found: dict[str, list[dict]] = {}
-    decoder = json.JSONDecoder()
-    text, i = stdout, 0
-    while True:
-        i = text.find("{", i)
-        if i < 0:
-            return found
-        try:
-            doc, end = decoder.raw_decode(text, i)
-        except ValueError:
-            i += 1
-            continue
-        i = end
-        for rm in doc.get("resource_metrics", []):
-            for sm in rm["scope_metrics"]:
-                for m in sm["metrics"]:
-                    found.setdefault(m["name"], []).extend(m["data"]["data_points"])
-
-
 def test_run_with_simulated_gpu_prints_device_and_process_points() -> None:
     code = "import time; time.sleep(3)"
     res = otel_gpu(
@@ -95,7 +60,7 @@ def test_run_with_simulated_gpu_prints_device_and_process_points() -> None:
         "--export-interval", "1", "--no-detect", "--", sys.executable, "-c", code,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
-    pts = _points(res.stdout)
+    pts = console_points_by_name(res.stdout)
     assert pts["hw.gpu.memory.usage"] and pts["hw.gpu.utilization"] and pts["hw.power"]
     child_pids = {p["attributes"]["process.pid"] for p in pts["process.gpu.memory.usage"]}
     assert len(child_pids) == 1
@@ -117,7 +82,7 @@ def test_run_forwards_sigterm_and_reports_the_jobs_exit(tmp_path: Path) -> None:
     )
     proc = subprocess.Popen(
         [*CLI, "run", "--exporter", "none", "--no-detect", "--", sys.executable, "-c", code],
-        stdout=subprocess.PIPE, text=True, env=_env(),
+        stdout=subprocess.PIPE, text=True, env=clean_env(),
     )  # fmt: skip
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)
@@ -143,7 +108,7 @@ def test_shutdown_is_bounded_when_the_collector_never_answers() -> None:
             "run", "--simulate", "steady", "--endpoint", f"http://127.0.0.1:{silent.getsockname()[1]}",
             "--interval", "0.2", "--export-interval", "0.5", "--no-detect",
             "--", sys.executable, "-c", "import time; time.sleep(1.5)",
-            env=_env(OTEL_GPU_SHUTDOWN_TIMEOUT="2", OTEL_EXPORTER_OTLP_TIMEOUT="30"),
+            env=clean_env(OTEL_GPU_SHUTDOWN_TIMEOUT="2", OTEL_EXPORTER_OTLP_TIMEOUT="30"),
         )  # fmt: skip
         elapsed = time.monotonic() - began
     finally:
@@ -171,7 +136,7 @@ def test_run_forwards_signals_to_the_jobs_whole_process_group(tmp_path: Path) ->
     )
     proc = subprocess.Popen(
         [*CLI, "run", "--exporter", "none", "--no-detect", "--", sys.executable, "-c", launcher],
-        stdout=subprocess.PIPE, text=True, env=_env(),
+        stdout=subprocess.PIPE, text=True, env=clean_env(),
     )  # fmt: skip
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)
@@ -190,5 +155,5 @@ def test_watch_attaches_and_stops_when_the_process_exits() -> None:
         job.kill()
         job.wait()
     assert res.returncode == 0, res.stderr
-    pts = _points(res.stdout)
+    pts = console_points_by_name(res.stdout)
     assert {p["attributes"]["process.pid"] for p in pts["process.memory.usage"]} == {job.pid}

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_detect_traces import DEV
+import pytest
+from support.traces import DEV_TRACES
 
-STALL = DEV / "stall_lowutil_0.csv"
+pytestmark = pytest.mark.process
+
+STALL = DEV_TRACES / "stall_lowutil_0.csv"
 
 
 def analyze(*args: str, stdin: bytes | None = None) -> tuple[int, list[dict], str]:

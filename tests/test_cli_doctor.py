@@ -9,8 +9,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from otlp_sink import OtlpSink
-from test_cli import _env, otel_gpu
+import pytest
+from support.cli import clean_env, otel_gpu
+from support.otlp_sink import OtlpSink
+
+pytestmark = pytest.mark.process
 
 
 @contextmanager
@@ -49,7 +52,9 @@ def closed_port() -> Iterator[str]:
 
 
 def _doctor_json(endpoint: str) -> tuple[int, dict[str, dict]]:
-    res = otel_gpu("doctor", "--simulate", "steady", "--endpoint", endpoint, "--json", env=_env())
+    res = otel_gpu(
+        "doctor", "--simulate", "steady", "--endpoint", endpoint, "--json", env=clean_env()
+    )
     doc = json.loads(res.stdout)
     assert doc["ok"] == (res.returncode == 0)
     return res.returncode, {c["name"]: c for c in doc["checks"]}
@@ -75,7 +80,7 @@ def test_the_pid_namespace_is_checked_even_without_nvml(tmp_path) -> None:
     """No libnvidia-ml.so.1 here: the nvml check fails, and the namespace check still runs."""
     with otlp_server() as endpoint:
         res = otel_gpu(
-            "doctor", "--endpoint", endpoint, "--json", env=_env(LD_LIBRARY_PATH=str(tmp_path))
+            "doctor", "--endpoint", endpoint, "--json", env=clean_env(LD_LIBRARY_PATH=str(tmp_path))
         )
     checks = {c["name"]: c for c in json.loads(res.stdout)["checks"]}
     assert checks["nvml"]["status"] == "fail"
@@ -85,7 +90,7 @@ def test_the_pid_namespace_is_checked_even_without_nvml(tmp_path) -> None:
 
 def test_plain_output_is_one_line_per_check() -> None:
     with otlp_server() as endpoint:
-        res = otel_gpu("doctor", "--simulate", "steady", "--endpoint", endpoint, env=_env())
+        res = otel_gpu("doctor", "--simulate", "steady", "--endpoint", endpoint, env=clean_env())
     lines = res.stdout.strip().splitlines()
     assert any(line.startswith("ok    exporter: ") and "OTLP ok" in line for line in lines)
     assert all(line.split()[0] in ("ok", "warn", "fail") for line in lines)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import signal
 import socket
 import subprocess
@@ -10,13 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from otlp_sink import OtlpSink
-from test_cli import CLI, _env, otel_gpu
+from support.cli import CLI, GRPC_CORE_LINE, clean_env, otel_gpu
+from support.otlp_sink import OtlpSink
 
 from otel_gpu import __version__
 
-# gRPC's C core writes lines such as "E1201 12:00:00.000000 123 add_port.cc:83] ...".
-GRPC_CORE_LINE = re.compile(r"^[EWID]\d{4} ", re.M)
 ROOT = str(Path(__file__).resolve().parents[1])
 
 
@@ -35,12 +32,14 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.process
 def test_version_prints_the_package_version() -> None:
     res = otel_gpu("--version")
     assert res.returncode == 0
     assert res.stdout.strip() == f"otel-gpu {__version__}"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
@@ -63,6 +62,7 @@ def test_flag_mistakes_name_the_flag(args: list[str], needle: str) -> None:
     _one_line_usage_error(otel_gpu(*args), needle)
 
 
+@pytest.mark.process
 def test_run_says_why_a_program_cannot_run(tmp_path: Path) -> None:
     plain = tmp_path / "README.md"
     plain.write_text("# not a program\n")
@@ -79,12 +79,13 @@ def test_run_says_why_a_program_cannot_run(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        env=_env(PYTHONPATH=ROOT),
+        env=clean_env(PYTHONPATH=ROOT),
         cwd=tmp_path,
     )
     _one_line_usage_error(res, "give its path: ./README.md")
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("variable", "value", "needle"),
     [
@@ -100,12 +101,13 @@ def test_bad_settings_refuse_before_the_job_starts(
 ) -> None:
     marker = tmp_path / "job-ran"
     job = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
-    res = otel_gpu("run", "--simulate", "steady", "--", *job, env=_env(**{variable: value}))
+    res = otel_gpu("run", "--simulate", "steady", "--", *job, env=clean_env(**{variable: value}))
     _one_line_usage_error(res, needle)
     assert variable in res.stderr
     assert not marker.exists()
 
 
+@pytest.mark.process
 def test_no_collector_is_reported_once_per_episode_and_grpc_core_stays_quiet() -> None:
     """A closed port: the SDK alone prints two long lines per export (8 here) and gRPC's C core
     its own; otel-gpu says it once, with the cause."""
@@ -114,7 +116,7 @@ def test_no_collector_is_reported_once_per_episode_and_grpc_core_stays_quiet() -
         "run", "--simulate", "steady", "--endpoint", f"http://127.0.0.1:{port}",
         "--interval", "0.2", "--export-interval", "0.5", "--no-detect",
         "--", sys.executable, "-c", "import time; time.sleep(4)",
-        env=_env(OTEL_GPU_SHUTDOWN_TIMEOUT="2", OTEL_EXPORTER_OTLP_TIMEOUT="1"),
+        env=clean_env(OTEL_GPU_SHUTDOWN_TIMEOUT="2", OTEL_EXPORTER_OTLP_TIMEOUT="1"),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     export_lines = [line for line in res.stderr.splitlines() if "export" in line.lower()]
@@ -125,33 +127,36 @@ def test_no_collector_is_reported_once_per_episode_and_grpc_core_stays_quiet() -
     assert "can only be called once" not in res.stderr
 
 
+@pytest.mark.process
 def test_the_job_gets_the_users_environment_without_otel_gpus_grpc_setting() -> None:
     show = "import os; print(os.environ.get('GRPC_VERBOSITY'))"
-    for env, expected in ((_env(), "None"), (_env(GRPC_VERBOSITY="DEBUG"), "DEBUG")):
+    for env, expected in ((clean_env(), "None"), (clean_env(GRPC_VERBOSITY="DEBUG"), "DEBUG")):
         res = otel_gpu("run", "--exporter", "none", "--no-detect", "--", sys.executable, "-c",
                        show, env=env)  # fmt: skip
         assert res.returncode == 0, res.stderr
         assert res.stdout.strip().splitlines()[-1] == expected
 
 
+@pytest.mark.process
 def test_without_a_gpu_the_nvml_warning_appears_once(tmp_path: Path) -> None:
     """The resource detector and the agent both open NVML; one machine without a GPU is one
     line. (No libnvidia-ml.so.1 is on this machine's library path.)"""
     res = otel_gpu(
         "run", "--exporter", "none", "--no-detect", "--interval", "0.2", "--", sys.executable,
         "-c", "import time; time.sleep(1.5)",
-        env=_env(LD_LIBRARY_PATH=str(tmp_path)),
+        env=clean_env(LD_LIBRARY_PATH=str(tmp_path)),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     warnings = [line for line in res.stderr.splitlines() if "WARNING" in line]
     assert len(warnings) == 1 and "no GPU data" in warnings[0], res.stderr
 
 
+@pytest.mark.process
 def test_a_short_instrumented_job_logs_no_shutdown_meter_provider_warning(tmp_path: Path) -> None:
     """The in-process agent is still being built when a short job exits: the meter provider
     must not be shut down under it ("A shutdown MeterProvider can not provide a Meter")."""
     instrument = Path(sys.executable).with_name("opentelemetry-instrument")
-    env = _env(
+    env = clean_env(
         OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{_closed_port()}",
         OTEL_EXPORTER_OTLP_TIMEOUT="1",
         OTEL_GPU_LOCK_DIR=str(tmp_path),
@@ -168,9 +173,10 @@ def test_a_short_instrumented_job_logs_no_shutdown_meter_provider_warning(tmp_pa
     assert "can not provide a" not in res.stderr, res.stderr
 
 
+@pytest.mark.process
 def test_ctrl_c_during_the_demo_stops_cleanly_with_130() -> None:
     proc = subprocess.Popen(
-        [*CLI, "demo"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
+        [*CLI, "demo"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
     )
     try:
         assert proc.stdout is not None and proc.stderr is not None
@@ -191,6 +197,7 @@ def test_ctrl_c_during_the_demo_stops_cleanly_with_130() -> None:
     assert "stopped (Ctrl-C)" in out
 
 
+@pytest.mark.process
 def test_the_demo_says_its_windows_are_shortened() -> None:
     res = otel_gpu("demo", "--scenario", "steady", "--max-seconds", "2")
     assert res.returncode == 0, res.stderr
@@ -198,14 +205,19 @@ def test_the_demo_says_its_windows_are_shortened() -> None:
     assert "~2 h of data for a slow leak" in res.stdout
 
 
+@pytest.mark.peers
 def test_verbose_logs_what_the_agent_does() -> None:
     with OtlpSink() as sink:
         argv = [*CLI, "run", "--quiet", "--simulate", "leak", "--interval", "0.3",
                 "--export-interval", "0.5", "--endpoint", sink.endpoint, "--",
                 sys.executable, "-c", "import time; time.sleep(2)"]  # fmt: skip
-        quiet = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=_env())
+        quiet = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=clean_env())
         loud = subprocess.run(
-            [*argv[:4], "-v", *argv[4:]], capture_output=True, text=True, timeout=60, env=_env()
+            [*argv[:4], "-v", *argv[4:]],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=clean_env(),
         )
     assert quiet.returncode == loud.returncode == 0, loud.stderr
     assert "INFO" not in quiet.stderr
@@ -214,12 +226,13 @@ def test_verbose_logs_what_the_agent_does() -> None:
     assert f"metric export to {sink.endpoint}: first export delivered" in loud.stderr
 
 
+@pytest.mark.peers
 def test_endpoint_credentials_never_reach_the_log() -> None:
     port = _closed_port()
     res = otel_gpu(
         "run", "-v", "--quiet", "--simulate", "steady", "--export-interval", "0.5",
         "--endpoint", f"http://agent:s3cr3t-t0ken@127.0.0.1:{port}", "--",
-        sys.executable, "-c", "import time; time.sleep(1.5)", env=_env(),
+        sys.executable, "-c", "import time; time.sleep(1.5)", env=clean_env(),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert f"metric export to http://127.0.0.1:{port} failed" in res.stderr

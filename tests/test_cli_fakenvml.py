@@ -7,12 +7,15 @@ import re
 import subprocess
 import sys
 
+import pytest
 from fakenvml.fixtures import FakeNvml
-from test_cli import CLI, _env, _points
+from support.cli import CLI, clean_env
+from support.console import console_points_by_name
 
 GIB = 1024**3
 
 
+@pytest.mark.peers
 def test_run_exports_nvml_device_and_process_points_for_the_child(fake_nvml: FakeNvml) -> None:
     fake_nvml.write(
         """
@@ -31,7 +34,7 @@ def test_run_exports_nvml_device_and_process_points_for_the_child(fake_nvml: Fak
         [*CLI, "run", "--exporter", "console", "--interval", "0.2", "--export-interval", "1",
          "--no-detect", "--", sys.executable, "-c", code],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=fake_nvml.env(_env(CUDA_VISIBLE_DEVICES="0")),
+        env=fake_nvml.env(clean_env(CUDA_VISIBLE_DEVICES="0")),
     )  # fmt: skip
     assert proc.stdout is not None
     child_pid = int(proc.stdout.readline())
@@ -39,7 +42,7 @@ def test_run_exports_nvml_device_and_process_points_for_the_child(fake_nvml: Fak
     fake_nvml.append(f"gpu.0.processes = {child_pid}:{3 * GIB}")
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    pts = _points(out)
+    pts = console_points_by_name(out)
     # CUDA_VISIBLE_DEVICES=0: only GPU 0 belongs to the job.
     assert {p["attributes"]["gpu.index"] for p in pts["hw.gpu.memory.usage"]} == {0}
     assert {p["value"] for p in pts["hw.gpu.memory.usage"]} == {20 * GIB}
@@ -57,11 +60,12 @@ def test_run_exports_nvml_device_and_process_points_for_the_child(fake_nvml: Fak
     assert child_pid in {p["attributes"]["process.pid"] for p in pts["process.memory.usage"]}
 
 
+@pytest.mark.process
 def test_doctor_reports_gpus_and_the_unreachable_endpoint(fake_nvml: FakeNvml) -> None:
     fake_nvml.write("devices = 2\ndriver_version = 550.54.15\ncuda_driver_version = 12040\n")
     res = subprocess.run(
         [*CLI, "doctor", "--endpoint", "http://127.0.0.1:9"],
-        capture_output=True, text=True, timeout=60, env=fake_nvml.env(_env()),
+        capture_output=True, text=True, timeout=60, env=fake_nvml.env(clean_env()),
     )  # fmt: skip
     lines = res.stdout.splitlines()
     assert any(
@@ -75,11 +79,12 @@ def test_doctor_reports_gpus_and_the_unreachable_endpoint(fake_nvml: FakeNvml) -
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.process
 def test_doctor_without_nvml_says_how_to_fix_it(tmp_path) -> None:
     res = subprocess.run(
         [*CLI, "doctor", "--endpoint", "http://127.0.0.1:9"],
         capture_output=True, text=True, timeout=60,
-        env=_env(LD_LIBRARY_PATH=str(tmp_path)),  # no libnvidia-ml.so.1 to be found
+        env=clean_env(LD_LIBRARY_PATH=str(tmp_path)),  # no libnvidia-ml.so.1 to be found
     )  # fmt: skip
     nvml = [line for line in res.stdout.splitlines() if "nvml:" in line]
     assert nvml and nvml[0].startswith("fail") and "->" in nvml[0]

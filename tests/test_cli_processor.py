@@ -11,10 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
-from test_cli_edges import GRPC_CORE_LINE
-from test_processor_peers import ROOT, ProcessorProcess, call, free_port, leak_requests
+from support.cli import GRPC_CORE_LINE
+from support.otlp_receiver import call
+from support.paths import ROOT
+from support.ports import free_port
+from support.processor import ProcessorProcess, leak_requests
 
 from otel_gpu.processor.wire import METRICS_EXPORT
+
+pytestmark = pytest.mark.process
 
 
 def processor(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -8,6 +8,8 @@ from otel_gpu.agent.settings import Settings
 from otel_gpu.core.errors import UsageError
 from otel_gpu.core.otlp import check_endpoint
 
+pytestmark = pytest.mark.unit
+
 
 def test_defaults_without_environment() -> None:
     s = Settings.load(env={})

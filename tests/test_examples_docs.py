@@ -7,6 +7,10 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hf_trainer"
 # transformers' Trainer refuses to start without accelerate, which train.py never imports.
 TRAINER_NEEDS = {"accelerate"}

@@ -8,7 +8,7 @@ import time
 
 import pytest
 from opentelemetry.metrics import Observation
-from otlp_sink import OtlpSink
+from support.otlp_sink import OtlpSink
 
 from otel_gpu.agent.export import meter_provider
 from otel_gpu.agent.settings import Settings
@@ -39,6 +39,7 @@ EPISODE = [
 ]
 
 
+@pytest.mark.unit
 def test_one_line_per_episode_with_a_periodic_count() -> None:
     clock = Clock()
     episodes = ExportEpisodes("metric export to X", report_every_s=60, clock=clock)
@@ -51,6 +52,7 @@ def test_one_line_per_episode_with_a_periodic_count() -> None:
             assert line is not None and expected in line, (t, line)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("sdk_line", "cause"),
     [
@@ -68,6 +70,7 @@ def test_the_cause_is_cut_from_the_sdks_long_lines(sdk_line: str, cause: str) ->
     assert short_cause(sdk_line) == cause
 
 
+@pytest.mark.process
 def test_a_real_outage_and_recovery_each_log_one_line(caplog: pytest.LogCaptureFixture) -> None:
     """The SDK's OTLP exporter against a closed port, then a real OTLP server on that port."""
     with socket.socket() as s:

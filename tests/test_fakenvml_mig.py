@@ -64,6 +64,7 @@ def procs(fn, handle) -> list[tuple[int, int | None, int, int]]:
 # ---- enumeration -------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_enumerate_mig_devices_of_a_mig_enabled_gpu(nvml: FakeNvml):
     nvml.write(
         """
@@ -92,6 +93,7 @@ def test_enumerate_mig_devices_of_a_mig_enabled_gpu(nvml: FakeNvml):
     assert code_of(mig, 1, 0) == pynvml.NVML_ERROR_INVALID_ARGUMENT
 
 
+@pytest.mark.unit
 def test_mig_handle_is_not_a_parent(nvml: FakeNvml):
     nvml.write("devices = 1\ngpu.0.mig = 1\nmig.0.0.gi = 1")
     h = mig(0, 0)
@@ -102,6 +104,7 @@ def test_mig_handle_is_not_a_parent(nvml: FakeNvml):
     )
 
 
+@pytest.mark.unit
 def test_parent_round_trip_and_is_mig_device_handle(nvml: FakeNvml):
     nvml.write("devices = 2\ngpu.*.mig = 1\nmig.1.3.gi = 5")
     h = mig(1, 3)
@@ -119,6 +122,7 @@ def test_parent_round_trip_and_is_mig_device_handle(nvml: FakeNvml):
 # ---- what a MIG device reports -----------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_instance_defaults(nvml: FakeNvml):
     nvml.write(
         """
@@ -138,6 +142,7 @@ def test_instance_defaults(nvml: FakeNvml):
     assert pynvml.nvmlDeviceGetGpuInstanceId(mig(0, 4)) == 5  # default: I + 1
 
 
+@pytest.mark.unit
 def test_instance_uuid_name_and_memory_with_a_ramp(nvml: FakeNvml):
     nvml.write(
         """
@@ -173,6 +178,7 @@ def test_instance_uuid_name_and_memory_with_a_ramp(nvml: FakeNvml):
     assert (parent.total, parent.used) == (85899345920, 1000)
 
 
+@pytest.mark.unit
 def test_gpu_and_compute_instance_ids(nvml: FakeNvml):
     nvml.write("devices = 1\ngpu.0.mig = 1\nmig.0.0.gi = 7\nmig.0.0.ci = 2\nmig.0.6.name = x")
     assert pynvml.nvmlDeviceGetGpuInstanceId(mig(0, 0)) == 7
@@ -183,6 +189,7 @@ def test_gpu_and_compute_instance_ids(nvml: FakeNvml):
         assert code_of(fn, gpu(0)) == pynvml.NVML_ERROR_INVALID_ARGUMENT
 
 
+@pytest.mark.unit
 def test_gpu_wide_queries_are_not_supported_on_a_mig_handle(nvml: FakeNvml):
     nvml.write("devices = 1\ngpu.0.mig = 1\nmig.0.0.gi = 1")
     h, parent = mig(0, 0), gpu(0)
@@ -227,6 +234,7 @@ def test_gpu_wide_queries_are_not_supported_on_a_mig_handle(nvml: FakeNvml):
     assert pynvml.nvmlDeviceGetMigMode(parent) == [1, 0]
 
 
+@pytest.mark.unit
 def test_parent_in_mig_mode_has_no_utilization(nvml: FakeNvml):
     nvml.write(
         """
@@ -250,6 +258,7 @@ def test_parent_in_mig_mode_has_no_utilization(nvml: FakeNvml):
     assert pynvml.nvmlDeviceGetUtilizationRates(gpu(0)).gpu == 55
 
 
+@pytest.mark.unit
 def test_process_lists_per_instance_and_the_parents_aggregate(nvml: FakeNvml):
     nvml.write(
         """
@@ -285,6 +294,7 @@ def test_process_lists_per_instance_and_the_parents_aggregate(nvml: FakeNvml):
     assert procs(compute, gpu(1)) == [(300, 5000, NO_INSTANCE, NO_INSTANCE)]
 
 
+@pytest.mark.unit
 def test_mig_lines_change_nothing_while_mig_is_off(nvml: FakeNvml):
     nvml.write(
         """
@@ -306,6 +316,7 @@ def test_mig_lines_change_nothing_while_mig_is_off(nvml: FakeNvml):
 # ---- counting, rules, reloads ------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_calls_on_a_mig_handle_count_under_the_parent_gpu(nvml: FakeNvml):
     nvml.write("devices = 2\ngpu.*.mig = 1\nmig.1.0.gi = 1\nmig.0.0.gi = 1")
     h = mig(1, 0)
@@ -327,6 +338,7 @@ def test_calls_on_a_mig_handle_count_under_the_parent_gpu(nvml: FakeNvml):
     assert nvml.call_count("nvmlDeviceGetMigDeviceHandleByIndex", gpu=0) == 1
 
 
+@pytest.mark.unit
 def test_rules_on_the_parent_index_hit_its_mig_devices(nvml: FakeNvml):
     nvml.write("devices = 2\ngpu.*.mig = 1\nmig.0.0.gi = 1\nmig.1.0.gi = 1")
     h0, h1 = mig(0, 0), mig(1, 0)
@@ -353,6 +365,7 @@ def test_rules_on_the_parent_index_hit_its_mig_devices(nvml: FakeNvml):
     assert pynvml.nvmlDeviceGetMemoryInfo(h0).total == 10 * GIB
 
 
+@pytest.mark.unit
 def test_handles_survive_reloads_and_removed_instances_are_not_found(nvml: FakeNvml):
     nvml.write("devices = 1\ngpu.0.mig = 1\nmig.0.3.name = before")
     h = mig(0, 3)
@@ -377,6 +390,7 @@ def test_handles_survive_reloads_and_removed_instances_are_not_found(nvml: FakeN
     assert code_of(pynvml.nvmlDeviceGetName, h) == pynvml.NVML_ERROR_NOT_FOUND
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("good", "bad"),
     [
@@ -401,6 +415,7 @@ def test_malformed_mig_lines_are_rejected(fake_nvml: FakeNvml, good: str, bad: s
         fake_nvml.write(f"devices = 1\ngpu.0.mig = 1\n{bad}")
 
 
+@pytest.mark.process
 def test_child_process_enumerates_mig_devices_by_name(fake_nvml: FakeNvml):
     """The same through pynvml's own CDLL("libnvidia-ml.so.1") in a child process."""
     fake_nvml.write("devices = 2\ngpu.1.mig = 1\nmig.1.5.name = Fake MIG 1g.10gb")

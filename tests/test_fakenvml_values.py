@@ -13,6 +13,8 @@ from fakenvml.fixtures import FakeNvml
 
 from otel_gpu.sampling import nvml_api
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def nvml(fake_nvml: FakeNvml) -> Iterator[FakeNvml]:

@@ -18,8 +18,9 @@ from fakenvml.fixtures import FakeNvml
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, PeriodicExportingMetricReader
-from test_cli import CLI, _env
-from test_isolation import BASE_SCENARIO, _blocking_proc_root
+from support.cli import CLI, clean_env
+from support.procfs import blocking_proc_root
+from support.scenarios import ONE_GPU_SCENARIO
 
 from otel_gpu.agent import instruments as metrics
 from otel_gpu.agent import selfmetrics
@@ -55,6 +56,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.unit
 def test_a_stale_snapshot_is_not_exported_and_its_age_is() -> None:
     mono = Clock()
     sampler = Sampler(SimulatedSource("steady"), None, interval_s=1.0, monotonic=mono)
@@ -75,6 +77,7 @@ def test_a_stale_snapshot_is_not_exported_and_its_age_is() -> None:
     assert _collect(reader)["hw.gpu.memory.usage"]
 
 
+@pytest.mark.process
 def test_export_failures_and_dropped_points_are_counted_against_a_dead_collector() -> None:
     health = ExportHealth()
     exporter = OTLPMetricExporter(endpoint=f"http://127.0.0.1:{_closed_port()}", timeout=0.5)
@@ -95,6 +98,7 @@ def test_export_failures_and_dropped_points_are_counted_against_a_dead_collector
     provider.shutdown(timeout_millis=1_000)
 
 
+@pytest.mark.unit
 def test_nvml_errors_are_counted_by_name_across_sampler_restarts() -> None:
     sampler = Sampler(SimulatedSource("steady"), None, interval_s=1.0)
     sampler.source.error_counts = {"TIMEOUT": 2}  # type: ignore[attr-defined]
@@ -106,6 +110,7 @@ def test_nvml_errors_are_counted_by_name_across_sampler_restarts() -> None:
     assert sampler.nvml_errors() == {"TIMEOUT": 3, "UNKNOWN": 1}  # ...the total never goes back
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("age", "failing", "code", "words"),
     [
@@ -141,6 +146,7 @@ def _get(url: str) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
+@pytest.mark.process
 def test_health_server_stays_bounded_under_idle_connections() -> None:
     server = HealthServer("127.0.0.1:0", {"/healthz": lambda: (True, "ok")})
     host, port = server.address.rsplit(":", 1)
@@ -168,11 +174,12 @@ def test_health_server_stays_bounded_under_idle_connections() -> None:
     server.close()
 
 
+@pytest.mark.peers
 def test_run_healthz_turns_503_while_sampling_is_stuck_and_200_after(
     fake_nvml: FakeNvml, tmp_path: Path
 ) -> None:
-    fake_nvml.write(BASE_SCENARIO)
-    root = _blocking_proc_root(tmp_path)  # the first sampler hangs reading it, for ~3.6 s
+    fake_nvml.write(ONE_GPU_SCENARIO)
+    root = blocking_proc_root(tmp_path)  # the first sampler hangs reading it, for ~3.6 s
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -181,7 +188,7 @@ def test_run_healthz_turns_503_while_sampling_is_stuck_and_200_after(
          "--", sys.executable, "-c", "import time; time.sleep(9)"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=fake_nvml.env(
-            _env(OTEL_GPU_PROC_ROOT=str(root), OTEL_GPU_NVML_TIMEOUT="0.3", OTEL_GPU_DETECT="false")
+            clean_env(OTEL_GPU_PROC_ROOT=str(root), OTEL_GPU_NVML_TIMEOUT="0.3", OTEL_GPU_DETECT="false")
         ),
     )  # fmt: skip
     seen: list[tuple[int, str]] = []
@@ -208,13 +215,14 @@ def test_run_healthz_turns_503_while_sampling_is_stuck_and_200_after(
     assert sampled and all("sampling fresh" in r for r in sampled), seen
 
 
+@pytest.mark.process
 def test_bad_health_address_is_refused_before_the_job_starts(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     for value in ("localhost", "127.0.0.1:99999", "nohost:"):
         proc = subprocess.run(
             [*CLI, "run", "--health", value, "--", sys.executable, "-c",
              f"open({str(marker)!r}, 'w')"],
-            capture_output=True, text=True, timeout=30, env=_env(),
+            capture_output=True, text=True, timeout=30, env=clean_env(),
         )  # fmt: skip
         assert proc.returncode == 2
         assert proc.stderr.strip().splitlines() == [
@@ -224,6 +232,6 @@ def test_bad_health_address_is_refused_before_the_job_starts(tmp_path: Path) -> 
         assert not marker.exists()
     env_proc = subprocess.run(
         [*CLI, "run", "--", sys.executable, "-c", "pass"],
-        capture_output=True, text=True, timeout=30, env=_env(OTEL_GPU_HEALTH="x:y"),
+        capture_output=True, text=True, timeout=30, env=clean_env(OTEL_GPU_HEALTH="x:y"),
     )  # fmt: skip
     assert env_proc.returncode == 2 and "OTEL_GPU_HEALTH='x:y'" in env_proc.stderr

@@ -6,12 +6,15 @@ from __future__ import annotations
 import logging
 import time
 
+import pytest
 from fakenvml.fixtures import FakeNvml
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_gpu.agent import instruments as metrics
 from otel_gpu.sampling.snapshot import Snapshot
+
+pytestmark = pytest.mark.unit
 
 UUID = "GPU-fa4e0000-0000-4000-8000-{:012x}"
 U0, U1, U2 = (UUID.format(i) for i in range(3))

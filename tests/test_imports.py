@@ -124,6 +124,7 @@ def _sample_package(root: Path, sources: dict[str, str]) -> dict[str, Path]:
     return module_names(root / "otel_gpu")
 
 
+@pytest.mark.unit
 def test_the_checks_see_a_lazy_cycle_and_a_guarded_import(tmp_path: Path) -> None:
     # The checks below pass only if they would catch these: a function-level import closing a
     # circle between two parts (the shape agent -> watchdog -> tracing -> agent once had), and
@@ -149,6 +150,7 @@ def test_the_checks_see_a_lazy_cycle_and_a_guarded_import(tmp_path: Path) -> Non
     assert import_error_guards(modules) == ["otel_gpu.agent:3"]  # not the stdlib fallback
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("level", "make"),
     [("module", lambda g: g), ("part", parts_graph)],
@@ -159,6 +161,7 @@ def test_no_import_cycle(level: str, make) -> None:  # type: ignore[no-untyped-d
     assert found is None, f"import cycle between {level}s: {' -> '.join(found or [])}"
 
 
+@pytest.mark.unit
 def test_no_import_error_guard_around_a_project_import() -> None:
     assert import_error_guards(MODULES) == []
 
@@ -170,6 +173,7 @@ def _import_alone(module: str) -> str | None:
     return None if res.returncode == 0 else res.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.peers
 def test_every_module_imports_in_a_fresh_interpreter() -> None:
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = dict(zip(MODULES, pool.map(_import_alone, MODULES), strict=True))
@@ -205,6 +209,7 @@ def forbidden_imports(graph: dict[str, set[str]]) -> list[str]:
     return sorted(found)
 
 
+@pytest.mark.unit
 def test_the_rule_check_sees_a_forbidden_lazy_import(tmp_path: Path) -> None:
     modules = _sample_package(
         tmp_path,
@@ -225,10 +230,12 @@ def test_the_rule_check_sees_a_forbidden_lazy_import(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.unit
 def test_no_part_imports_what_its_rule_forbids() -> None:
     assert forbidden_imports(import_graph(MODULES)) == []
 
 
+@pytest.mark.unit
 def test_the_top_level_holds_only_entry_points_and_rooms() -> None:
     loose = {m for m, path in MODULES.items() if m.count(".") == 1 and path.name != "__init__.py"}
     assert loose | {"otel_gpu"} == ENTRY_POINTS, "a module at the top level: put it in a room"

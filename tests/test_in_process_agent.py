@@ -19,6 +19,8 @@ from otel_gpu.agent.watchdog import DetectionSettings, InProcessTrainer
 from otel_gpu.detect.settings import DetectConfig
 from otel_gpu.sampling.sim import GIB, SimulatedSource
 
+pytestmark = pytest.mark.process
+
 TRAP = (
     "import pathlib, signal, sys, time\n"
     "def h(*_): pathlib.Path(sys.argv[1]).write_text('usr1')\n"

@@ -11,6 +11,8 @@ from otel_gpu.detect.model import LEAK, STALL, Alert
 from otel_gpu.inference.readiness import DEFAULT_FATAL_XIDS, Readiness, ReadinessConfig
 from otel_gpu.sampling.snapshot import STATUS_FAILED, STATUS_OK, GpuSample, Snapshot
 
+pytestmark = pytest.mark.unit
+
 T0 = 1_700_000_000.0
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
 BREAKER = BreakerConfig(cooldown_s=10.0, probation_s=20.0)

@@ -10,6 +10,8 @@ from otel_gpu.detect.model import LEAK, STALL, THRESHOLD, Point
 from otel_gpu.inference.engines import ServerState
 from otel_gpu.inference.serving import ServingConditions, ServingConfig
 
+pytestmark = pytest.mark.unit
+
 T0 = 1_700_000_000.0
 
 

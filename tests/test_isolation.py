@@ -8,8 +8,6 @@ until then, and metrics must come back after the sampler process is restarted.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 import time
@@ -17,22 +15,17 @@ from pathlib import Path
 
 import pytest
 from fakenvml.fixtures import FakeNvml
-from otlp_sink import OtlpSink
-from test_cli import CLI, _env
+from support.cli import CLI, clean_env
+from support.console import console_points
+from support.otlp_sink import OtlpSink
+from support.procfs import BLOCKED_PID, blocking_proc_root
+from support.scenarios import ONE_GPU_SCENARIO
 
 INSTRUMENT = str(Path(sys.executable).parent / "opentelemetry-instrument")
 GIB = 1024**3
 JOB_SECONDS = 8.0
 JOB_EXIT = 7
 
-BASE_SCENARIO = """
-devices = 1
-gpu.0.memory.total = 85899345920
-gpu.0.memory.used = 21474836480
-gpu.0.util.gpu = 80
-gpu.0.power.usage = 300000
-gpu.0.power.limit = 700000
-"""
 
 # Each sampler process gets two good sweeps, then the third power reading goes wrong: a new
 # process (the fake counts calls per process) reads again, so metrics resume after each restart.
@@ -42,37 +35,18 @@ FAULTS = {
     "hang": ("delay.nvmlDeviceGetPowerUsage = 600000 after=2", "hung in an NVML call"),
     "proc": ("", "hung reading /proc/4190001"),  # a FIFO in a fake /proc (below)
 }
-BLOCKED_PID = 4190001
 
 JOB = f"import sys, time; time.sleep({JOB_SECONDS}); sys.exit({JOB_EXIT})"
 
 
 def _env_for(fake: FakeNvml, **extra: str) -> dict[str, str]:
     return fake.env(
-        _env(
+        clean_env(
             OTEL_GPU_NVML_TIMEOUT="0.3",  # a hung call is abandoned after 0.3 s...
             OTEL_GPU_DETECT="false",
             **extra,
         )
     )
-
-
-def _console_points(out: str) -> list[tuple[str, dict, float, int]]:
-    """(name, attributes, value, export number) of every point the console exporter printed."""
-    decoder = json.JSONDecoder()
-    points = []
-    i, n = 0, 0
-    while True:
-        start = out.find("{", i)
-        if start < 0:
-            return points
-        doc, i = decoder.raw_decode(out, start)
-        n += 1
-        for rm in doc.get("resource_metrics", []):
-            for sm in rm["scope_metrics"]:
-                for m in sm["metrics"]:
-                    for p in m["data"]["data_points"]:
-                        points.append((m["name"], p["attributes"], p["value"], n))
 
 
 def _check_recovered(
@@ -95,23 +69,12 @@ def _check_recovered(
     assert degraded
 
 
-def _blocking_proc_root(tmp_path: Path) -> Path:
-    """A /proc whose process entry 4190001 has a FIFO for ``stat``: opening it blocks forever
-    (nobody writes), as a read of a process stuck in the kernel does."""
-    root = tmp_path / "proc"
-    (root / str(BLOCKED_PID)).mkdir(parents=True)
-    os.mkfifo(root / str(BLOCKED_PID) / "stat")
-    for name in ("stat", "uptime", "self"):
-        (root / name).symlink_to(f"/proc/{name}")
-    return root
-
-
 def _arm(fault: str, fake: FakeNvml, tmp_path: Path, **extra: str) -> dict[str, str]:
     """Write the fault into the fake's scenario (or the fake /proc); the agent's environment."""
     rule, _what = FAULTS[fault]
-    fake.write(BASE_SCENARIO + rule + "\n")
+    fake.write(ONE_GPU_SCENARIO + rule + "\n")
     if fault == "proc":
-        extra["OTEL_GPU_PROC_ROOT"] = str(_blocking_proc_root(tmp_path))
+        extra["OTEL_GPU_PROC_ROOT"] = str(blocking_proc_root(tmp_path))
     return _env_for(fake, **extra)
 
 
@@ -136,6 +99,7 @@ def _check_points(fault: str, points: list[tuple[str, dict, float, int]]) -> Non
         assert max(ages) > 2.0
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_run_survives(fake_nvml: FakeNvml, tmp_path: Path, fault: str) -> None:
     env = _arm(fault, fake_nvml, tmp_path)
@@ -148,10 +112,11 @@ def test_run_survives(fake_nvml: FakeNvml, tmp_path: Path, fault: str) -> None:
     took = time.monotonic() - began
     assert proc.returncode == JOB_EXIT, proc.stderr[-3000:]
     assert took >= JOB_SECONDS  # the wrapper stayed until the job ended
-    _check_points(fault, _console_points(proc.stdout))
+    _check_points(fault, console_points(proc.stdout))
     _check_log(fault, proc.stderr)
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_watch_survives(fake_nvml: FakeNvml, tmp_path: Path, fault: str) -> None:
     env = _arm(fault, fake_nvml, tmp_path)
@@ -167,10 +132,11 @@ def test_watch_survives(fake_nvml: FakeNvml, tmp_path: Path, fault: str) -> None
         job.kill()
         job.wait()
     assert proc.returncode == 0, proc.stderr[-3000:]  # watch ends when the job does
-    _check_points(fault, _console_points(proc.stdout))
+    _check_points(fault, console_points(proc.stdout))
     _check_log(fault, proc.stderr)
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_instrumented_trainer_survives(fake_nvml: FakeNvml, tmp_path: Path, fault: str) -> None:
     script = tmp_path / "train.py"
@@ -214,6 +180,7 @@ def test_instrumented_trainer_survives(fake_nvml: FakeNvml, tmp_path: Path, faul
     _check_log(fault, proc.stderr)
 
 
+@pytest.mark.process
 def test_sampling_works_in_a_process_holding_more_than_1024_files(tmp_path: Path) -> None:
     """An instrumented trainer may hold thousands of files and sockets: the pipe from the
     sampling helper then gets a descriptor above select()'s 1024 limit."""
@@ -233,7 +200,7 @@ print(agent.sampler.sweeps, agent.sampler.restarts, flush=True)
 agent.shutdown(2.0)
 """
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_env()
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=clean_env()
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     sweeps, restarts = map(int, proc.stdout.split())

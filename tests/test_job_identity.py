@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
-from otlp_sink import OtlpSink, attrs
-from test_cli import CLI, _env
+from support.cli import CLI, clean_env
+from support.otlp_sink import OtlpSink, attrs
 
 from otel_gpu.commands.run import shared_identity
 from otel_gpu.core.job_identity import (
@@ -69,12 +69,13 @@ GIVEN = [
 def _sdk_reads(values: list[str | None]) -> list[dict[str, str]]:
     res = subprocess.run(
         [sys.executable, "-c", _SDK_READS], input=json.dumps(values),
-        capture_output=True, text=True, timeout=60, env=_env(),
+        capture_output=True, text=True, timeout=60, env=clean_env(),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)  # type: ignore[no-any-return]
 
 
+@pytest.mark.process
 def test_the_id_is_added_to_what_the_user_set_and_theirs_is_kept() -> None:
     after: list[str | None] = []
     ids = []
@@ -97,6 +98,7 @@ def test_the_id_is_added_to_what_the_user_set_and_theirs_is_kept() -> None:
     assert len(set(ids)) == len(ids)  # a new id each time, or the one given
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("env", "wrapper_name", "sdk_name", "job_name"),
     [
@@ -116,6 +118,7 @@ def test_the_job_is_given_the_wrappers_service_name_unless_it_has_the_same(
     assert given_service_name(job) == wrapper_name
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("command", "name"),
     [
@@ -172,7 +175,7 @@ def _run(
         [*CLI, "run", "--simulate", "steady", "--no-detect", "--interval", "0.2",
          "--export-interval", "0.5", *options, "--", *job],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
-        env=_env(
+        env=clean_env(
             OTEL_EXPORTER_OTLP_ENDPOINT=sink.endpoint, OTEL_EXPORTER_OTLP_INSECURE="true",
             OTEL_METRIC_EXPORT_INTERVAL="500", OTEL_GPU_LOCK_DIR=str(tmp_path),
             PYTHONPATH=str(ROOT), **env,
@@ -218,6 +221,7 @@ def _one_job(found: dict[str, list[tuple[dict[str, Any], bytes]]]) -> str:
     return str(gpu[0][ID])
 
 
+@pytest.mark.process
 def test_the_wrapper_and_the_instrumented_trainer_report_one_job(tmp_path: Path) -> None:
     worker_id = tmp_path / "worker-id"
     with OtlpSink() as sink:
@@ -244,6 +248,7 @@ def test_the_wrapper_and_the_instrumented_trainer_report_one_job(tmp_path: Path)
     assert wrapper[0]["team"] == "ml"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("flag", [(), ("--service-name", "sft")])
 def test_a_user_given_id_is_kept_by_the_wrapper_and_the_trainer(
     tmp_path: Path, flag: tuple[str, ...]
@@ -271,12 +276,13 @@ subprocess.run([sys.executable, "-c", "import os; print(os.environ['OTEL_RESOURC
 """
 
 
+@pytest.mark.process
 def test_an_instrumented_process_hands_its_id_to_the_processes_it_starts(tmp_path: Path) -> None:
     with OtlpSink() as sink:
         res = subprocess.run(
             [INSTRUMENT, sys.executable, "-c", PARENT], capture_output=True, text=True,
             timeout=120, cwd=tmp_path,
-            env=_env(OTEL_EXPORTER_OTLP_ENDPOINT=sink.endpoint, OTEL_EXPORTER_OTLP_INSECURE="true",
+            env=clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=sink.endpoint, OTEL_EXPORTER_OTLP_INSECURE="true",
                      OTEL_GPU_LOCK_DIR=str(tmp_path), OTEL_RESOURCE_ATTRIBUTES="team=ml",
                      PYTHONPATH=str(ROOT)),
         )  # fmt: skip

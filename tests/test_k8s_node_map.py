@@ -25,6 +25,7 @@ UID_1, UID_2 = "11111111-2222-4333-8444-555555555555", "66666666-7777-4888-9999-
 UID_3 = "33333333-4444-4555-8666-777777777777"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("entry", "parsed"),
     [
@@ -40,6 +41,7 @@ def test_pod_log_folder_names(entry: str, parsed: tuple[str, str, str] | None) -
     assert parse_pod_dir(entry) == parsed
 
 
+@pytest.mark.unit
 def test_pod_logs_list_pods_and_their_containers(tmp_path: Path) -> None:
     for folder in (f"serving_vllm-0_{UID_1}/vllm", f"serving_vllm-0_{UID_1}/otel-gpu", "junk"):
         (tmp_path / folder).mkdir(parents=True)
@@ -63,6 +65,7 @@ IDS = {10: {"k8s.pod.uid": UID_1}, 20: {"k8s.pod.uid": UID_2}}
 PODS = {UID_1: PodDir("ns", "a", UID_1, ("main",)), UID_2: PodDir("ns", "b", UID_2, ("main",))}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("allocations", "pods", "gpu_a", "pid_10"),
     [
@@ -102,6 +105,7 @@ def test_pairing(
     assert dict(found.labels.process.get((10, None), ())) == pid_10  # on a GPU only: no start
 
 
+@pytest.mark.unit
 def test_an_empty_pod_log_folder_calls_no_process_gone() -> None:
     """A folder that lists no pod (mounted from the wrong path) must not make every process an
     orphan: the DaemonSet's own pod is always there on a real node."""
@@ -112,6 +116,7 @@ def test_an_empty_pod_log_folder_calls_no_process_gone() -> None:
     ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("old_first", [True, False])
 def test_a_replaced_pods_allocation_row_names_the_running_pods_uid(old_first: bool) -> None:
     old, new = PodDir("ns", "a", UID_3, ("main",)), PODS[UID_1]
@@ -124,6 +129,7 @@ def _cgroup_of(uid: str) -> str:
     return f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-containerd-{'c' * 64}.scope\n"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("before", "after"),
     [
@@ -147,6 +153,7 @@ def test_a_reused_pid_is_attributed_to_its_new_pod(
         assert dict(node.series_labels().process[key])["k8s.pod.uid"] == uid
 
 
+@pytest.mark.unit
 def test_a_pid_reused_before_the_next_refresh_carries_no_old_pod() -> None:
     """The labels name a process by PID and start time: until the attribution thread reads the
     new process, a reused PID gets no k8s.* at all, never the previous process's pod."""

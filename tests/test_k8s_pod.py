@@ -15,6 +15,8 @@ from otel_gpu.k8s.pod import (
     watched_pod_pids,
 )
 
+pytestmark = pytest.mark.unit
+
 UID = "3f6b1c2e-8a4d-4e5f-9a0b-1c2d3e4f5a6b"
 CID = "a" * 56 + "0123abcd"
 

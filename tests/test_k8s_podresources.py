@@ -5,13 +5,10 @@ missing or hung socket degrades to cgroup attribution with one warning."""
 
 from __future__ import annotations
 
-import importlib
 import logging
 import socket
-import sys
 import time
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 from types import ModuleType
 
@@ -20,8 +17,8 @@ import pytest
 from grpc_tools import protoc
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from support.kubelet import PROTO_DIR, PodSpec, compiled_stubs, kubelet
 
-import otel_gpu.k8s.podresources as podresources
 from otel_gpu.k8s.attribution import (
     SOURCE_CGROUP,
     SOURCE_PODRESOURCES,
@@ -30,7 +27,6 @@ from otel_gpu.k8s.attribution import (
 )
 from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, Snapshot
 
-PROTO_DIR = Path(podresources.__file__).parent
 UID = "3f6b1c2e-8a4d-4e5f-9a0b-1c2d3e4f5a6b"
 GPU_A, GPU_B, GPU_C, GPU_D = (f"GPU-0000000{i}-0000-4000-8000-000000000000" for i in range(4))
 MIG_B = "MIG-5d3c0000-1111-4000-8000-000000000001"
@@ -58,22 +54,7 @@ def stubs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleType
     yield from compiled_stubs(tmp_path_factory)
 
 
-def compiled_stubs(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[ModuleType, ModuleType]]:
-    """The kubelet's gRPC stubs, generated from the vendored api.proto (imported while alive)."""
-    out = tmp_path_factory.mktemp("podresources_stubs")
-    args = ["protoc", f"-I{PROTO_DIR}", f"--python_out={out}", f"--grpc_python_out={out}"]
-    assert protoc.main([*args, str(PROTO_DIR / "api.proto")]) == 0
-    sys.path.insert(0, str(out))
-    try:
-        yield importlib.import_module("api_pb2"), importlib.import_module("api_pb2_grpc")
-    finally:
-        sys.path.remove(str(out))
-        for name in ("api_pb2", "api_pb2_grpc"):
-            sys.modules.pop(name, None)
-
-
+@pytest.mark.unit
 def test_the_shipped_descriptor_is_the_vendored_proto_compiled(tmp_path: Path) -> None:
     out = tmp_path / "api.desc"
     assert (
@@ -88,41 +69,6 @@ def test_the_shipped_descriptor_is_the_vendored_proto_compiled(tmp_path: Path) -
         == 0
     )
     assert out.read_bytes() == (PROTO_DIR / "api.desc").read_bytes()
-
-
-Containers = list[tuple[str, str, tuple[str, ...]]]  # name, resource, device IDs
-PodSpec = tuple[str, str, Containers]  # name, namespace, containers
-
-
-def kubelet(stubs: tuple[ModuleType, ModuleType], path: Path, pods: list[PodSpec]) -> grpc.Server:
-    """A PodResources server on ``path`` listing ``pods`` as they are at each call (the test
-    may change the list: a pod replaced)."""
-    pb2, pb2_grpc = stubs
-
-    def message(name: str, namespace: str, containers: Containers) -> object:
-        return pb2.PodResources(name=name, namespace=namespace, containers=[
-            pb2.ContainerResources(name=c, devices=[
-                pb2.ContainerDevices(resource_name=r, device_ids=list(ids))] if ids else [])
-            for c, r, ids in containers
-        ])  # fmt: skip
-
-    class Lister(pb2_grpc.PodResourcesListerServicer):
-        def List(self, request, context):  # noqa: N802
-            return pb2.ListPodResourcesResponse(pod_resources=[message(*p) for p in pods])
-
-        def Get(self, request, context):  # noqa: N802
-            for name, namespace, containers in pods:
-                if (name, namespace) == (request.pod_name, request.pod_namespace):
-                    return pb2.GetPodResourcesResponse(
-                        pod_resources=message(name, namespace, containers)
-                    )
-            context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod_name} not found")
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    pb2_grpc.add_PodResourcesListerServicer_to_server(Lister(), server)
-    server.add_insecure_port(f"unix://{path}")
-    server.start()
-    return server
 
 
 def _kubelet(stubs: tuple[ModuleType, ModuleType], path: Path) -> grpc.Server:
@@ -149,6 +95,7 @@ def _collect(attribution: NodeAttribution) -> dict[str, list[tuple[float, dict]]
     return got
 
 
+@pytest.mark.process
 def test_gpus_and_mig_devices_land_on_their_pods(
     stubs: tuple[ModuleType, ModuleType], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -199,6 +146,7 @@ def _hung_socket(path: Path) -> socket.socket:
     return s
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("broken", ["missing", "hung"])
 def test_a_missing_or_hung_socket_degrades_to_cgroups_with_one_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, broken: str
@@ -237,6 +185,7 @@ def test_a_missing_or_hung_socket_degrades_to_cgroups_with_one_warning(
     assert elapsed < 30  # bounded by the 0.5 s deadline per call, not hung with the kubelet
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("env", "devices", "warned"),
     [

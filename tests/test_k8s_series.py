@@ -18,11 +18,12 @@ import pytest
 from fakenvml.fixtures import FakeNvml
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from otlp_sink import OtlpSink, Point
-from test_agent_metrics import collect
-from test_cli import _env
-from test_k8s_podresources import PodSpec, compiled_stubs, kubelet
-from test_sidecar import ROOT, _until
+from support.cli import clean_env
+from support.kubelet import PodSpec, compiled_stubs, kubelet
+from support.otlp_sink import OtlpSink, Point
+from support.paths import ROOT
+from support.sdk_metrics import collect
+from support.waits import wait_until
 
 from otel_gpu.agent.agent import Agent
 from otel_gpu.agent.settings import Settings
@@ -179,6 +180,7 @@ def _pod(namespace: str, pod: str, container: str) -> dict[str, str]:
     return dict(zip(K8S, (namespace, pod, UID[pod], container), strict=True))
 
 
+@pytest.mark.peers
 def test_gpu_and_process_series_carry_their_pods_attributes(
     node: Node, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -234,6 +236,7 @@ def test_gpu_and_process_series_carry_their_pods_attributes(
     assert any(UID["gone"] in w and "no longer runs" in w for w in warned)
 
 
+@pytest.mark.peers
 def test_a_replaced_pod_starts_new_series(node: Node) -> None:
     node.sweep()
     # vllm-0 is deleted and vllm-1 takes its GPU: new kubelet allocation, new log folder, the
@@ -260,6 +263,7 @@ def test_a_replaced_pod_starts_new_series(node: Node) -> None:
     ]
 
 
+@pytest.mark.process
 def test_without_the_kubelet_cgroups_and_pod_logs_attribute_the_series(
     fake_nvml: FakeNvml,
     tmp_path: Path,
@@ -288,6 +292,7 @@ def test_without_the_kubelet_cgroups_and_pod_logs_attribute_the_series(
     assert orphaned == [(node.pid["gone"], "pod_gone")]  # no_pod needs the kubelet
 
 
+@pytest.mark.process
 def test_the_daemonset_command_exports_labelled_series(
     fake_nvml: FakeNvml, tmp_path: Path, stubs: tuple[ModuleType, ModuleType]
 ) -> None:
@@ -310,7 +315,7 @@ def test_the_daemonset_command_exports_labelled_series(
             [sys.executable, "-m", "otel_gpu.cli", "sidecar", "--match", job.name,
              "--pod-resources", str(socket), "--pod-logs", str(logs), "--interval", "0.5",
              "--endpoint", sink.endpoint, "--export-interval", "1", "--no-detect"],
-            env=fake_nvml.env(_env(PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="all")),
+            env=fake_nvml.env(clean_env(PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="all")),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
@@ -322,7 +327,7 @@ def test_the_daemonset_command_exports_labelled_series(
                     if p.metric == "hw.gpu.memory.limit" and "k8s.pod.name" in p.attributes
                 ]
 
-            first = _until("labelled GPU series", labelled)
+            first = wait_until("labelled GPU series", labelled)
             points = sink.points()
         finally:
             sidecar.terminate()

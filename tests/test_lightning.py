@@ -9,8 +9,11 @@ import sys
 from pathlib import Path
 
 import lightning  # noqa: F401  (a test dependency: fail, never skip)
-from otlp_sink import OtlpSink
-from tiny_training import offline_env
+import pytest
+from support.otlp_sink import OtlpSink
+from support.tiny_training import offline_env
+
+pytestmark = pytest.mark.peers
 
 INSTRUMENT = str(Path(sys.executable).parent / "opentelemetry-instrument")
 

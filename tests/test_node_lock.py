@@ -39,6 +39,7 @@ def _start(lock_dir: Path) -> subprocess.Popen:
     )
 
 
+@pytest.mark.process
 def test_only_the_first_process_samples_and_the_lock_is_freed_on_exit(tmp_path: Path) -> None:
     first = _start(tmp_path)
     assert first.stdout is not None and first.stdin is not None
@@ -56,6 +57,7 @@ def test_only_the_first_process_samples_and_the_lock_is_freed_on_exit(tmp_path: 
     third.communicate("\n", timeout=30)
 
 
+@pytest.mark.process
 def test_start_in_process_never_raises_on_a_bad_lock_dir(tmp_path: Path) -> None:
     res = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(tmp_path / "missing" / "dir")],
@@ -69,6 +71,7 @@ def test_start_in_process_never_raises_on_a_bad_lock_dir(tmp_path: Path) -> None
     assert "node lock" in res.stderr
 
 
+@pytest.mark.unit
 def test_a_planted_symlink_is_not_followed(tmp_path: Path) -> None:
     """Another user's symlink at the lock's name must not make us truncate its target."""
     from otel_gpu.agent.node_lock import LOCK_FILE, open_node_lock
@@ -82,6 +85,7 @@ def test_a_planted_symlink_is_not_followed(tmp_path: Path) -> None:
     assert victim.read_text() == "precious\n"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("mode", "usable"),
     [(0o700, True), (0o755, True), (0o770, False), (0o777, False), (0o1777, False)],
@@ -103,6 +107,7 @@ def test_only_a_directory_only_this_user_can_write_holds_the_lock(
             os.close(fd)
 
 
+@pytest.mark.process
 def test_the_default_lock_lives_in_a_private_directory(tmp_path: Path) -> None:
     """Without OTEL_GPU_LOCK_DIR, the lock goes in <temp>/otel-gpu-<uid>, created 0700 (the
     runtime directory, when neither OTEL_GPU_RUNTIME_DIR nor XDG_RUNTIME_DIR names one)."""

@@ -38,6 +38,7 @@ def by_index(reading):
 # ---- the fake itself -------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_fake_compiles_against_nvidia_nvml_h():
     result = check_abi(BUILD_DIR)
     if not result.ran:
@@ -45,6 +46,7 @@ def test_fake_compiles_against_nvidia_nvml_h():
     assert result.ok, result.detail
 
 
+@pytest.mark.unit
 def test_pynvml_structs_match_the_fakes_pinned_layouts():
     # The same numbers are static asserts in fakenvml.c (and, via check_abi, in nvml.h).
     assert ctypes.sizeof(pynvml.c_nvmlMemory_t) == 24
@@ -59,11 +61,13 @@ def test_pynvml_structs_match_the_fakes_pinned_layouts():
     assert ctypes.sizeof(pynvml.c_nvmlTemperature_v1_t) == 12
 
 
+@pytest.mark.unit
 def test_fake_rejects_a_bad_scenario_line(fake_nvml: FakeNvml):
     with pytest.raises(ValueError, match="cannot parse"):
         fake_nvml.write("gpu.0.power.usage = lots")
 
 
+@pytest.mark.process
 def test_child_process_loads_the_fake_by_name(fake_nvml: FakeNvml):
     fake_nvml.write("devices = 3\ngpu.2.name = Fake A100")
     printed = fake_nvml.run_python(
@@ -82,6 +86,7 @@ def test_child_process_loads_the_fake_by_name(fake_nvml: FakeNvml):
 # ---- values and units ------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_every_field_with_units_converted(fake_nvml: FakeNvml):
     fake_nvml.write(
         """
@@ -144,6 +149,7 @@ def test_every_field_with_units_converted(fake_nvml: FakeNvml):
     assert by_index(src.sample([]))[1].util_gpu == 0.9
 
 
+@pytest.mark.unit
 def test_memory_info_v1_fallback_and_deprecated_temperature(fake_nvml: FakeNvml):
     fake_nvml.write(
         """
@@ -167,6 +173,7 @@ def test_memory_info_v1_fallback_and_deprecated_temperature(fake_nvml: FakeNvml)
 # ---- failures --------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_gpu_lost_mid_run_while_the_other_keeps_reporting(fake_nvml: FakeNvml, caplog):
     clock = ManualClock()
     src = fake_nvml.source(clock=clock, lost_retry_s=30)
@@ -189,6 +196,7 @@ def test_gpu_lost_mid_run_while_the_other_keeps_reporting(fake_nvml: FakeNvml, c
     assert gpus[1].status == STATUS_OK and gpus[1].power_w == 70.0
 
 
+@pytest.mark.unit
 def test_not_supported_metric_is_never_asked_again(fake_nvml: FakeNvml, caplog):
     fake_nvml.append("fail.nvmlDeviceGetPowerUsage.0 = NOT_SUPPORTED")
     caplog.set_level(logging.INFO, logger="otel_gpu.nvml")
@@ -202,6 +210,7 @@ def test_not_supported_metric_is_never_asked_again(fake_nvml: FakeNvml, caplog):
     assert sum("power not available" in r.getMessage() for r in caplog.records) == 1
 
 
+@pytest.mark.unit
 def test_slow_metrics_are_read_once_per_period_and_reported_in_between(fake_nvml: FakeNvml):
     fake_nvml.append(
         """
@@ -230,6 +239,7 @@ def test_slow_metrics_are_read_once_per_period_and_reported_in_between(fake_nvml
     assert fake_nvml.call_count("nvmlDeviceGetPcieThroughput", gpu=0) == 4
 
 
+@pytest.mark.unit
 def test_video_engines_are_read_every_sweep_only_while_busy(fake_nvml: FakeNvml):
     """Encoder/decoder utilization, idle in training: read with the slow metrics while idle
     (reported as the last read in between), every sweep once busy, slow again when idle."""
@@ -256,6 +266,7 @@ def test_video_engines_are_read_every_sweep_only_while_busy(fake_nvml: FakeNvml)
     assert fake_nvml.call_count("nvmlDeviceGetEncoderUtilization", gpu=0) == 4  # slow again
 
 
+@pytest.mark.unit
 def test_intermittent_timeout_is_unknown_for_that_sweep_and_logged_once(fake_nvml, caplog):
     fake_nvml.append("fail.nvmlDeviceGetUtilizationRates.0 = TIMEOUT after=1 until=4")
     caplog.set_level(logging.INFO, logger="otel_gpu.nvml")
@@ -268,6 +279,7 @@ def test_intermittent_timeout_is_unknown_for_that_sweep_and_logged_once(fake_nvm
     assert sum("utilization: readable again" in m for m in messages) == 1
 
 
+@pytest.mark.unit
 def test_hung_call_bounds_the_sweep_and_never_piles_up(fake_nvml: FakeNvml):
     # The 2nd temperature read on GPU 1 hangs for 1.5 s; the deadline is 0.3 s.
     fake_nvml.append("delay.nvmlDeviceGetTemperatureV.1 = 1500 after=1 until=2")
@@ -292,6 +304,7 @@ def test_hung_call_bounds_the_sweep_and_never_piles_up(fake_nvml: FakeNvml):
     assert gpus[1].temperature_c == 35.0 and gpus[1].power_w == 70.0
 
 
+@pytest.mark.unit
 def test_hung_init_reports_no_gpu_without_waiting(fake_nvml: FakeNvml):
     clock = ManualClock()
     fake_nvml.append("delay.nvmlInitWithFlags = 1000 until=1")
@@ -311,6 +324,7 @@ def test_hung_init_reports_no_gpu_without_waiting(fake_nvml: FakeNvml):
     assert reading.no_gpu_reason is None and len(reading.gpus) == 2
 
 
+@pytest.mark.unit
 def test_no_library_then_it_appears(fake_nvml: FakeNvml, tmp_path):
     clock = ManualClock()
     path = tmp_path / "driver" / "libnvidia-ml.so.1"
@@ -327,6 +341,7 @@ def test_no_library_then_it_appears(fake_nvml: FakeNvml, tmp_path):
     assert reading.no_gpu_reason is None and len(reading.gpus) == 2
 
 
+@pytest.mark.process
 def test_library_missing_from_the_loader_path(tmp_path):
     # A child process: in this one pynvml may already hold the fake from earlier tests.
     code = (
@@ -347,6 +362,7 @@ def test_library_missing_from_the_loader_path(tmp_path):
     ]
 
 
+@pytest.mark.unit
 def test_driver_not_loaded_retries_with_backoff_then_recovers(fake_nvml: FakeNvml):
     clock = ManualClock()
     fake_nvml.write("devices = 1\nfail.nvmlInitWithFlags = DRIVER_NOT_LOADED")
@@ -373,6 +389,7 @@ def test_driver_not_loaded_retries_with_backoff_then_recovers(fake_nvml: FakeNvm
 # ---- selection, processes, events ------------------------------------------------------------
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "spec, expected",
     [
@@ -397,6 +414,7 @@ def test_select_visible(spec, expected):
         assert select_visible(spec, uuids, migs)[0] == [0, 1, 2, 3, 4, 5]
 
 
+@pytest.mark.unit
 def test_cuda_visible_devices_selects_the_jobs_gpus(fake_nvml: FakeNvml):
     fake_nvml.write("devices = 4\ngpu.3.uuid = GPU-abcdef12-0000-4000-8000-000000000000")
     reading = fake_nvml.source(visible_devices="GPU-abc,1").sample([])
@@ -409,6 +427,7 @@ def test_cuda_visible_devices_selects_the_jobs_gpus(fake_nvml: FakeNvml):
     assert none.gpus == () and "CUDA_VISIBLE_DEVICES" in none.no_gpu_reason
 
 
+@pytest.mark.unit
 def test_process_list_two_call_protocol_with_unavailable_memory(fake_nvml: FakeNvml):
     fake_nvml.write(
         """
@@ -429,6 +448,7 @@ def test_process_list_two_call_protocol_with_unavailable_memory(fake_nvml: FakeN
     assert fake_nvml.call_count("nvmlDeviceGetComputeRunningProcesses_v3", gpu=1) == 1
 
 
+@pytest.mark.unit
 def test_graphics_and_mps_client_processes_join_the_compute_list(fake_nvml: FakeNvml):
     """Under MPS the compute list shows the MPS server and the clients are in the MPS list; a
     process in two lists ("C+G") is one process holding its memory once. Lists that were empty
@@ -464,6 +484,7 @@ def test_graphics_and_mps_client_processes_join_the_compute_list(fake_nvml: Fake
     assert 500 in {p.pid for p in src.sample([]).gpu_processes}
 
 
+@pytest.mark.unit
 def test_process_utilization_not_found_and_last_seen_timestamp(fake_nvml: FakeNvml, caplog):
     fake_nvml.write(
         """
@@ -489,6 +510,7 @@ def test_process_utilization_not_found_and_last_seen_timestamp(fake_nvml: FakeNv
     assert held.sample([]).gpu_processes[0].sm_util == 0.5  # held across NOT_FOUND
 
 
+@pytest.mark.unit
 def test_xid_events_are_counted_per_gpu(fake_nvml: FakeNvml):
     fake_nvml.write(
         """
@@ -506,6 +528,7 @@ def test_xid_events_are_counted_per_gpu(fake_nvml: FakeNvml):
     assert by_index(src.sample([]))[1].xid_errors == 3
 
 
+@pytest.mark.unit
 def test_close_shuts_nvml_down(fake_nvml: FakeNvml):
     src = fake_nvml.source()
     assert src.sample([]).gpus
@@ -515,6 +538,7 @@ def test_close_shuts_nvml_down(fake_nvml: FakeNvml):
     assert src.sample([]).no_gpu_reason == "NVML source closed"
 
 
+@pytest.mark.unit
 def test_sweep_of_8_gpus_with_64_processes_each_is_cheap(fake_nvml: FakeNvml):
     pids = " ".join(f"{10000 + i}:{(i + 1) << 20}" for i in range(64))
     utils = " ".join(f"{10000 + i}:{i % 100}:{i % 50}" for i in range(64))
@@ -531,6 +555,7 @@ def test_sweep_of_8_gpus_with_64_processes_each_is_cheap(fake_nvml: FakeNvml):
     assert os.environ["FAKE_NVML_SCENARIO"] == str(fake_nvml.scenario_path)
 
 
+@pytest.mark.unit
 def test_mig_devices_report_memory_and_processes_under_their_own_uuids(fake_nvml: FakeNvml):
     """A GPU in MIG mode: the GPU keeps its physical metrics, each MIG device reports memory
     and its processes under its MIG UUID with the GPU as hw.parent, no process is counted twice
@@ -605,6 +630,7 @@ def _snap(src):
     return Snapshot(time=time.time(), gpus=reading.gpus, gpu_processes=reading.gpu_processes)
 
 
+@pytest.mark.unit
 def test_mig_reconfiguration_is_followed_without_a_restart(fake_nvml: FakeNvml, caplog):
     """MIG turned on (seen with the slow metrics), a MIG device destroyed (its calls answer
     NOT_FOUND), MIG turned off again: the device list follows, and the GPU keeps its state."""

@@ -16,6 +16,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from otel_gpu.agent import instruments as metrics
 from otel_gpu.sampling.snapshot import Snapshot
 
+pytestmark = pytest.mark.unit
+
 UUID = "GPU-fa4e0000-0000-4000-8000-{:012x}"
 
 

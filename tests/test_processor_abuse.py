@@ -16,10 +16,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from strict_downstream import StrictDownstream
-from synth import agent_request
-from test_processor_cli import cli
-from test_processor_peers import call
+from support.otlp_receiver import call
+from support.processor import processor_cli
+from support.strict_downstream import StrictDownstream
+from support.synth import agent_request
 
 from otel_gpu.detect.breaker import Breaker, BreakerConfig
 from otel_gpu.detect.engine import Engine
@@ -44,6 +44,7 @@ class Clock:
         return self.t
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("readings", "limited"),
     [
@@ -74,6 +75,7 @@ def raw(k: int = 0, instance: str = "run-1") -> bytes:
     ).SerializeToString()
 
 
+@pytest.mark.process
 def test_over_the_memory_limit_exports_are_refused_with_retry_info():
     rss = [100 * MIB]
     lim = MemoryLimiter(1000 * MIB, read=lambda: rss[0], release=lambda: None)
@@ -96,6 +98,7 @@ def test_over_the_memory_limit_exports_are_refused_with_retry_info():
         proc.stop(2)
 
 
+@pytest.mark.process
 def test_the_receive_cap_holds_after_decompression():
     proc = start(max_recv_bytes=64 * 1024)
     try:
@@ -109,6 +112,7 @@ def test_the_receive_cap_holds_after_decompression():
         proc.stop(2)
 
 
+@pytest.mark.process
 def test_unauthenticated_calls_are_refused_before_their_body_is_read():
     proc = start(token="s3cret", max_recv_bytes=64 * 1024)
     try:
@@ -126,6 +130,7 @@ def _reporter(name: str) -> ResourceInfo:
     return ResourceInfo(f"host.name={name}", (("host.name", name),), f"host.name={name}")
 
 
+@pytest.mark.unit
 def test_one_reporter_cannot_fill_the_subject_cap_for_the_others():
     asm = Assembler(lambda s, p: None, max_series=1000, grace_s=1.0, ttl_s=3600.0, per_reporter=100)
     bomb = _reporter("bomb")
@@ -136,6 +141,7 @@ def test_one_reporter_cannot_fill_the_subject_cap_for_the_others():
     assert len(asm) == 100 + 64
 
 
+@pytest.mark.unit
 def test_overflow_counts_each_refused_point_once():
     det = Detection(
         ProcessorConfig(max_series=2),
@@ -152,6 +158,7 @@ def test_overflow_counts_each_refused_point_once():
     assert first >= 1 and det.stats().overflow == 2 * first
 
 
+@pytest.mark.unit
 def test_a_wall_clock_step_evicts_nothing_and_judgement_stays_on_data_time():
     wall, mono = Clock(time.time()), Clock(1000.0)
     seen: list[Point] = []
@@ -181,6 +188,7 @@ def test_a_wall_clock_step_evicts_nothing_and_judgement_stays_on_data_time():
     assert seen and {p.time for p in seen} == {T0 / 1e9}  # judged at the data's own time
 
 
+@pytest.mark.process
 def test_health_server_threads_stay_bounded_under_idle_connections():
     proc = start(health="127.0.0.1:0", health_max_connections=8)
     host, port = proc.health_address.rsplit(":", 1)
@@ -211,6 +219,7 @@ def test_health_server_threads_stay_bounded_under_idle_connections():
         proc.stop(2)
 
 
+@pytest.mark.process
 def test_self_telemetry_goes_downstream_as_otlp_metrics():
     down = StrictDownstream()
     proc = start(forward=(Downstream(down.address),), telemetry_interval_s=0.2)
@@ -241,6 +250,7 @@ def test_self_telemetry_goes_downstream_as_otlp_metrics():
         down.close()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
@@ -252,12 +262,13 @@ def test_self_telemetry_goes_downstream_as_otlp_metrics():
     ],
 )
 def test_bad_limits_are_one_line_usage_errors(args, fragment):
-    r = cli("--forward", "127.0.0.1:9", *args)
+    r = processor_cli("--forward", "127.0.0.1:9", *args)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in r.stderr
 
 
+@pytest.mark.unit
 def test_the_resource_cache_is_bounded_in_bytes_not_only_entries():
     asm = Assembler(lambda s, p: None, max_series=10_000, grace_s=1.0, ttl_s=3600.0)
     dec = MetricsDecoder(946_684_800.0, 3600.0, cache_bytes=4 * MIB)
@@ -279,6 +290,7 @@ def test_the_resource_cache_is_bounded_in_bytes_not_only_entries():
     assert held < 8 * MIB  # not 40 MiB of cached resources
 
 
+@pytest.mark.process
 def test_empty_envelopes_are_accepted_and_dropped():
     down = StrictDownstream()
     proc = start(forward=(Downstream(down.address),))
@@ -296,6 +308,7 @@ def test_empty_envelopes_are_accepted_and_dropped():
         down.close()
 
 
+@pytest.mark.process
 def test_deeply_nested_attribute_values_are_refused_and_the_service_lives():
     # AnyValue{kvlist_value{values[KeyValue{key, value: AnyValue{...}}]}} nested 300 deep.
     value = b"\x0a\x01x"  # AnyValue{string_value: "x"}
@@ -326,6 +339,7 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
+@pytest.mark.unit
 def test_a_cardinality_bomb_through_the_decoder_counts_each_refused_point_once():
     det = Detection(
         ProcessorConfig(max_series_per_reporter=100),

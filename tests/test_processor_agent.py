@@ -26,9 +26,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
-from otlp_sink import attrs
-from synth import GIB, gpu_uuid
-from test_processor_peers import ProcessorProcess, Webhook, leak_requests
+from support.otlp_sink import attrs
+from support.processor import ProcessorProcess, leak_requests
+from support.synth import GIB, gpu_uuid
+from support.webhook import Webhook
 
 from otel_gpu.actions.dispatcher import ActionDispatcher
 from otel_gpu.actions.notifiers import JsonNotifier
@@ -62,6 +63,7 @@ def _breaker_points(req: ExportMetricsServiceRequest) -> list[tuple[dict, dict]]
     return out
 
 
+@pytest.mark.unit
 def test_agent_and_processor_give_a_subject_the_same_identity(tmp_path: Path) -> None:
     """The GPU and the process on it, as the agent exports them and as the processor exports
     them from the same reporter's data: the same identity attributes, point and resource."""
@@ -215,6 +217,7 @@ def _stats(processor: ProcessorProcess) -> dict[str, Any]:
         return json.loads(r.read())["detection"]  # type: ignore[no-any-return]
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize(
     "agent_detects", [True, False], ids=["agent-detects", "agent-exports-only"]
 )

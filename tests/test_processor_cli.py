@@ -14,31 +14,16 @@ from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExp
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
-from test_processor_peers import (
-    ROOT,
-    ProcessorProcess,
-    Webhook,
-    call,
-    free_port,
-    leak_requests,
-    receiver,
-)
+from support.otlp_receiver import call, receiver
+from support.paths import ROOT
+from support.ports import free_port
+from support.processor import ProcessorProcess, leak_requests, processor_cli
+from support.webhook import Webhook
 
 from otel_gpu.processor.wire import METRICS_EXPORT
 
 
-def cli(*args: str, **variables: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_GPU_")}
-    return subprocess.run(
-        [sys.executable, "-m", "otel_gpu.cli", "processor", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env={**env, **variables},
-    )
-
-
+@pytest.mark.process
 @pytest.mark.parametrize(
     "args, variables, fragment",
     [
@@ -55,16 +40,17 @@ def cli(*args: str, **variables: str) -> subprocess.CompletedProcess[str]:
     ],
 )  # fmt: skip
 def test_bad_arguments_are_one_line_usage_errors(args, variables, fragment):
-    r = cli(*args, **variables)
+    r = processor_cli(*args, **variables)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in r.stderr
 
 
+@pytest.mark.process
 def test_a_port_in_use_is_a_usage_error():
     first = ProcessorProcess("--listen", "127.0.0.1:0")
     try:
-        r = cli("--listen", first.address)
+        r = processor_cli("--listen", first.address)
         assert r.returncode == 2 and "cannot listen there" in r.stderr
     finally:
         first.terminate()
@@ -74,6 +60,7 @@ def _transitions(down) -> int:
     return sum(r.event_name == "otel_gpu.breaker.transition" for r in down.log_records())
 
 
+@pytest.mark.peers
 def test_kill_9_and_restart_keeps_the_open_breaker_and_does_not_notify_again(tmp_path):
     hook = Webhook()
     state = str(tmp_path / "processor.db")
@@ -124,6 +111,7 @@ def test_kill_9_and_restart_keeps_the_open_breaker_and_does_not_notify_again(tmp
     hook.close()
 
 
+@pytest.mark.process
 def test_sigterm_flushes_and_exits_promptly():
     with receiver() as down:
         p = ProcessorProcess("--listen", "127.0.0.1:0", "--forward", down.address)
@@ -146,6 +134,7 @@ def _rotel() -> str:
     return str(path)
 
 
+@pytest.mark.peers
 def test_sdk_through_rotel_through_the_processor(tmp_path):
     with receiver() as down:
         proc = ProcessorProcess("--listen", "127.0.0.1:0", "--forward", down.address)
@@ -190,6 +179,7 @@ def test_sdk_through_rotel_through_the_processor(tmp_path):
             assert proc.terminate() == 0
 
 
+@pytest.mark.process
 def test_the_real_agent_payload_is_decoded_into_subjects():
     """`otel-gpu run --simulate` (the real agent and SDK exporter) -> processor -> receiver."""
     import re

@@ -15,8 +15,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
-from strict_downstream import StrictDownstream
-from synth import agent_request, default_value
+from support.strict_downstream import StrictDownstream
+from support.synth import agent_request, default_value
 
 from otel_gpu.detect.model import Point
 from otel_gpu.processor import Downstream, Processor, ProcessorConfig
@@ -105,6 +105,7 @@ SINGLE = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "mutate,rejected,ignored,message,fld,expected",
     [c[1:] for c in SINGLE],
@@ -130,6 +131,7 @@ COUNTER = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "second,restart,ignored,judged", [c[1:] for c in COUNTER], ids=[c[0] for c in COUNTER]
 )
@@ -143,6 +145,7 @@ def test_a_monotonic_cumulative_sum_that_decreases_is_not_judged(second, restart
     assert [p.ecc_uncorrected for p in points] == [5.0, judged]
 
 
+@pytest.mark.unit
 def test_rejected_points_are_cut_but_unknown_fields_are_kept_in_the_forwarded_copy():
     req = gpu_request(0)
     unknown_point_field(req)
@@ -175,6 +178,7 @@ def processor() -> Iterator[tuple[Processor, StrictDownstream]]:
         down.close()
 
 
+@pytest.mark.process
 def test_inconsistent_histograms_are_refused_in_partial_success_and_the_rest_forwarded(processor):
     p, down = processor
     req = gpu_request(0)
@@ -211,6 +215,7 @@ def test_inconsistent_histograms_are_refused_in_partial_success_and_the_rest_for
     assert p.stats()["rejected_requests"] == 1
 
 
+@pytest.mark.process
 def test_a_request_with_unknown_fields_only_is_forwarded_as_received(processor):
     p, down = processor
     raw = gpu_request(0).SerializeToString() + UNKNOWN_FIELD  # a newer top-level field

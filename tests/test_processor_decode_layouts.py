@@ -16,6 +16,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from otel_gpu.processor.decode import MetricsDecoder
 
+pytestmark = pytest.mark.unit
+
 T = 1_700_000_000 * 10**9
 
 

@@ -18,9 +18,11 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
-from strict_downstream import REJECT_KEY, StrictDownstream
-from synth import agent_request
-from test_processor_peers import ProcessorProcess, call, free_port
+from support.otlp_receiver import call
+from support.ports import free_port
+from support.processor import ProcessorProcess
+from support.strict_downstream import REJECT_KEY, StrictDownstream
+from support.synth import agent_request
 
 from otel_gpu.core.errors import UsageError
 from otel_gpu.processor import Downstream, Processor, ProcessorConfig
@@ -92,6 +94,7 @@ def start(down: StrictDownstream | None, **overrides) -> Processor:  # type: ign
     return p
 
 
+@pytest.mark.process
 def test_a_resource_that_is_not_a_resource_is_refused_and_costs_no_one_else(strict):
     proc = start(strict)
     try:
@@ -110,6 +113,7 @@ def test_a_resource_that_is_not_a_resource_is_refused_and_costs_no_one_else(stri
         proc.stop(2)
 
 
+@pytest.mark.process
 def test_a_merged_call_the_downstream_refuses_is_resent_request_by_request(strict):
     # Valid OTLP that this downstream refuses by its own rule: merged with good requests, the
     # whole call fails; the good ones must still arrive, the refused one is counted.
@@ -129,6 +133,7 @@ def test_a_merged_call_the_downstream_refuses_is_resent_request_by_request(stric
         proc.stop(2)
 
 
+@pytest.mark.process
 def test_partial_success_from_the_downstream_is_counted_and_logged_once(caplog):
     down = StrictDownstream(partial_rejected=3)
     proc = start(down)
@@ -147,6 +152,7 @@ def test_partial_success_from_the_downstream_is_counted_and_logged_once(caplog):
         down.close()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("attempt", "rand", "delay"),
     [(0, 0.0, 0.25), (0, 1.0, 0.75), (1, 0.5, 1.0), (3, 0.5, 4.0), (10, 0.0, 5.0), (10, 1.0, 15.0)],
@@ -155,6 +161,7 @@ def test_retry_backoff_is_exponential_capped_and_jittered(attempt, rand, delay):
     assert backoff(attempt, rand) == pytest.approx(delay)
 
 
+@pytest.mark.process
 def test_sdk_exporter_to_strict_downstream_delivers_every_accepted_export(strict):
     """End to end: OTel SDK exporter -> processor -> a downstream that decodes everything."""
     proc = start(strict)
@@ -181,6 +188,7 @@ def test_sdk_exporter_to_strict_downstream_delivers_every_accepted_export(strict
         proc.stop(2)
 
 
+@pytest.mark.process
 def test_disk_queue_delivers_across_an_outage_and_a_kill_9(tmp_path):
     """The Collector testbed's pattern: downstream down, queue fills, processor killed -9,
     restarted, downstream up: every accepted request delivered once."""
@@ -209,6 +217,7 @@ def test_disk_queue_delivers_across_an_outage_and_a_kill_9(tmp_path):
         down.close()
 
 
+@pytest.mark.unit
 def test_a_full_disk_queue_refuses_and_counts(tmp_path):
     q = DiskQueue(str(tmp_path / "q.sqlite"), max_bytes=1000)
     assert q.put(METRICS_EXPORT, b"x" * 600)
@@ -221,6 +230,7 @@ def test_a_full_disk_queue_refuses_and_counts(tmp_path):
     again.close()
 
 
+@pytest.mark.unit
 def test_a_damaged_disk_queue_is_moved_aside_and_a_fresh_one_begins(tmp_path, caplog):
     path = tmp_path / "q.sqlite"
     path.write_bytes(b"this is not sqlite" * 100)
@@ -232,6 +242,7 @@ def test_a_damaged_disk_queue_is_moved_aside_and_a_fresh_one_begins(tmp_path, ca
     q.close()
 
 
+@pytest.mark.process
 def test_testbed_outage_refusals_while_the_disk_queue_is_full_are_all_delivered_later(tmp_path):
     """checklist 39/40: downstream down, the disk queue fills, the processor refuses with a
     retry delay (nothing accepted then dropped), the client retries what was refused; once the
@@ -275,6 +286,7 @@ def test_testbed_outage_refusals_while_the_disk_queue_is_full_are_all_delivered_
             down.close()
 
 
+@pytest.mark.process
 def test_unknown_fields_are_accepted_and_forwarded_byte_for_byte(strict):
     # Forward compatibility (checklist 37): a field this OTLP version does not know.
     body = request("fwd", 0) + b"\xfa\x3e\x03abc"  # field 999, length-delimited
@@ -286,6 +298,7 @@ def test_unknown_fields_are_accepted_and_forwarded_byte_for_byte(strict):
         proc.stop(2)
 
 
+@pytest.mark.process
 def test_a_non_utf8_attribute_value_is_refused_whole():
     # checklist 38: a strict downstream cannot decode it, so it is never accepted.
     req = ExportMetricsServiceRequest.FromString(request("utf", 0))
@@ -304,6 +317,7 @@ def test_a_non_utf8_attribute_value_is_refused_whole():
         proc.stop(2)
 
 
+@pytest.mark.process
 def test_a_queue_dir_in_use_by_another_processor_is_a_usage_error(tmp_path):
     cfg = dict(forward=(Downstream("127.0.0.1:9"),), queue_dir=str(tmp_path))
     first = start(None, **cfg)

@@ -28,12 +28,15 @@ from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from synth import agent_request
-from test_processor_peers import Receiver, call, leak_requests, receiver
+from support.otlp_receiver import Receiver, call, receiver
+from support.processor import leak_requests
+from support.synth import agent_request
 
 from otel_gpu.detect.breaker import BreakerConfig
 from otel_gpu.processor import Downstream, Processor, ProcessorConfig
 from otel_gpu.processor.wire import LOGS_EXPORT, METRICS_EXPORT, TRACE_EXPORT
+
+pytestmark = pytest.mark.process
 
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 

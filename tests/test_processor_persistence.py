@@ -21,12 +21,18 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from strict_downstream import StrictDownstream
-from synth import agent_request
-from test_processor_peers import ROOT, ProcessorProcess, call, free_port
+import pytest
+from support.otlp_receiver import call
+from support.paths import ROOT
+from support.ports import free_port
+from support.processor import ProcessorProcess
+from support.strict_downstream import StrictDownstream
+from support.synth import agent_request
 
 from otel_gpu.processor.queue import queue_file
 from otel_gpu.processor.wire import METRICS_EXPORT
+
+pytestmark = pytest.mark.process
 
 LIMIT = 256 * 1024  # bytes: the largest file the limited processor may write
 T0 = int((time.time() - 3600) * 1e9)
@@ -129,7 +135,7 @@ STORE_CHILD = textwrap.dedent(
     import grpc
     from otel_gpu.processor import Processor, ProcessorConfig
     from otel_gpu.processor.admission import Refused
-    from tests.synth import agent_request
+    from tests.support.synth import agent_request
     from otel_gpu.processor.wire import METRICS_EXPORT
 
     p = Processor(ProcessorConfig(listen="127.0.0.1:0", state_path=sys.argv[1]))

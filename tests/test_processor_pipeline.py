@@ -11,8 +11,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from synth import GIB, agent_request, default_value, gpu_uuid
-from test_processor_peers import leak_requests
+from support.processor import leak_requests
+from support.synth import GIB, agent_request, default_value, gpu_uuid
 
 from otel_gpu.core.addresses import parse_hostport
 from otel_gpu.core.errors import UsageError
@@ -24,6 +24,8 @@ from otel_gpu.processor.decode import MetricsDecoder, strip_rejected
 from otel_gpu.processor.pipeline import Detection
 from otel_gpu.processor.settings import Downstream, ProcessorConfig
 from otel_gpu.processor.store import StateStore
+
+pytestmark = pytest.mark.unit
 
 T0 = int((time.time() - 3600) * 1e9)
 NOW = time.time()

@@ -21,8 +21,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_peer import ROOT, Prometheus, free_port, processor_scrape_config
-from test_processor_peers import call, leak_requests
+from support.otlp_receiver import call
+from support.paths import ROOT
+from support.ports import free_port
+from support.processor import leak_requests
+from support.prometheus_peer import Prometheus, processor_scrape_config
 
 from otel_gpu.core.errors import UsageError
 from otel_gpu.processor import outputs
@@ -81,6 +84,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             proc.wait(5)
 
 
+@pytest.mark.peers
 def test_the_leak_rules_fire_in_prometheus_on_the_processors_output(stack: Stack) -> None:
     firing = stack.prom.wait_for('ALERTS{alertname="GpuMemoryLeak",alertstate="firing"}', 60)
     assert firing, f"no leak alert: {stack.prom.api('alerts')}\n{stack.log.read_text()}"
@@ -109,6 +113,7 @@ def test_the_leak_rules_fire_in_prometheus_on_the_processors_output(stack: Stack
     assert all(3600 < float(s["value"][1]) < 86400 for s in eta), eta
 
 
+@pytest.mark.peers
 def test_prometheus_scrapes_the_processors_own_telemetry(stack: Stack) -> None:
     accepted = stack.prom.wait_for(
         'otel_gpu_processor_requests_accepted_total{signal="metrics"} >= 600', 30
@@ -139,6 +144,7 @@ def _detector_panels() -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize(("title", "expr"), _detector_panels())
 def test_the_fleet_dashboards_detector_panels_show_the_processors_output(
     stack: Stack, title: str, expr: str
@@ -159,6 +165,7 @@ def _values(leak: float | None, state: int) -> list[outputs.DetectorValues]:
     return [outputs.DetectorValues(subject, state, leak, None if leak is None else 7200.0, {})]
 
 
+@pytest.mark.process
 def test_a_series_the_processor_stops_sending_leaves_the_endpoint() -> None:
     scrape = ProcessorScrape("127.0.0.1:0", "--prometheus")
     try:
@@ -178,6 +185,7 @@ def test_a_series_the_processor_stops_sending_leaves_the_endpoint() -> None:
         scrape.close()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("args", "env", "named"),
     [
@@ -208,6 +216,7 @@ def test_a_taken_port_is_one_line_and_exit_2_before_serving(
     assert "listening" not in res.stderr  # the gRPC port was never served
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("host", ["192.0.2.1", "no-such-host.invalid"])
 def test_an_address_not_of_this_host_is_named_with_its_fix(host: str) -> None:
     """Not "a free port": the port is not what is wrong."""

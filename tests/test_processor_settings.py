@@ -14,6 +14,8 @@ from otel_gpu.commands.processor import config_from_args
 from otel_gpu.core.errors import UsageError
 from otel_gpu.processor.settings import Downstream, ProcessorConfig
 
+pytestmark = pytest.mark.unit
+
 MIB = 1024 * 1024
 PEM = str(Path(__file__).resolve())  # any readable file passes the readability check
 

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from test_processor_peers import leak_requests
+from support.processor import leak_requests
 
 from otel_gpu.core.errors import UsageError
 from otel_gpu.detect.breaker import OPEN, Breaker, BreakerConfig, Transition
@@ -38,6 +38,7 @@ def _leak(det: Detection, n: int = 600) -> None:
     det.tick(final=True)
 
 
+@pytest.mark.unit
 def test_a_damaged_state_file_is_moved_aside_and_the_processor_starts(tmp_path, caplog):
     db = tmp_path / "state.db"
     good = StateStore(str(db))
@@ -55,6 +56,7 @@ def test_a_damaged_state_file_is_moved_aside_and_the_processor_starts(tmp_path, 
         proc.stop(1)
 
 
+@pytest.mark.unit
 def test_actions_fire_once_on_the_store_writer_after_the_write(tmp_path):
     db = str(tmp_path / "state.db")
     rec = Recorder()
@@ -73,6 +75,7 @@ def test_actions_fire_once_on_the_store_writer_after_the_write(tmp_path):
     store.close()
 
 
+@pytest.mark.process
 def test_a_locked_state_file_degrades_health_never_blocks_and_is_written_later(tmp_path):
     db = str(tmp_path / "state.db")
     StateStore(db).close()
@@ -128,11 +131,13 @@ def test_a_locked_state_file_degrades_health_never_blocks_and_is_written_later(t
             holder.wait(5)
 
 
+@pytest.mark.unit
 def test_a_store_that_cannot_be_opened_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError, match="--state"):
         StateStore(str(tmp_path))  # a directory
 
 
+@pytest.mark.unit
 def test_closing_a_store_that_cannot_write_ends_its_writer(tmp_path):
     db = str(tmp_path / "state.db")
     StateStore(db).close()

@@ -10,77 +10,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.procfs import BTIME, FakeProc
 
 from otel_gpu.core.redact import redact_command
 from otel_gpu.sampling.procs import ProcessTree
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
-BTIME = 1_700_000_000
-
-
-class FakeProc:
-    """A /proc folder made of real files, as the kernel lays it out (the parts we read)."""
-
-    def __init__(self, root: Path, *, host_namespace: bool = True) -> None:
-        self.root = root
-        root.mkdir(exist_ok=True)
-        (root / "stat").write_text(f"cpu  1 2 3 4\nbtime {BTIME}\nprocesses 9\n")
-        if host_namespace:  # kernel threads are only visible from the initial PID namespace
-            self.add(2, comm="kthreadd", ppid=0, cmdline=(), exe=None)
-
-    def add(
-        self,
-        pid: int,
-        *,
-        ppid: int = 1,
-        comm: str = "python3",
-        state: str = "S",
-        utime: int = 0,
-        stime: int = 0,
-        threads: int = 1,
-        starttime: int = 1000,
-        vsize: int = 10 << 20,
-        rss_pages: int = 256,
-        nspid: Sequence[int] | None = None,
-        uid: int = 0,
-        cmdline: Sequence[str] = ("python3", "train.py"),
-        exe: str | None = "/usr/bin/python3.11",
-        fds: Sequence[str] = ("/dev/null", "pipe:[1]"),
-    ) -> None:
-        d = self.root / str(pid)
-        d.mkdir(exist_ok=True)
-        rest = ["0"] * 49
-        rest[0], rest[1] = state, str(ppid)
-        rest[11], rest[12], rest[17] = str(utime), str(stime), str(threads)
-        rest[19], rest[20], rest[21] = str(starttime), str(vsize), str(rss_pages)
-        (d / "stat").write_text(f"{pid} ({comm}) {' '.join(rest)}\n")
-        ns = "\t".join(map(str, nspid or (pid,)))
-        (d / "status").write_text(
-            f"Name:\t{comm}\nState:\t{state}\nPid:\t{pid}\nPPid:\t{ppid}\n"
-            f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}\nNSpid:\t{ns}\nThreads:\t{threads}\n"
-        )
-        (d / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in cmdline))
-        if (d / "exe").is_symlink():
-            (d / "exe").unlink()
-        if exe:
-            (d / "exe").symlink_to(exe)  # dangling is fine: only readlink() is used
-        fd_dir = d / "fd"
-        fd_dir.mkdir(exist_ok=True)
-        for old in fd_dir.iterdir():
-            old.unlink()
-        for i, target in enumerate(fds):
-            (fd_dir / str(i)).symlink_to(target)
-
-    def remove(self, pid: int) -> None:
-        d = self.root / str(pid)
-        for p in sorted(d.rglob("*"), key=lambda p: -len(p.parts)):
-            p.unlink() if p.is_symlink() or p.is_file() else p.rmdir()
-        d.rmdir()
 
 
 class Clock:
@@ -103,6 +43,7 @@ def by_pid(reading) -> dict:  # type: ignore[no-untyped-def]
 # -- written /proc -----------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_tree_fields_and_units(proc: FakeProc) -> None:
     root_user = pwd.getpwuid(0).pw_name
     proc.add(100, comm="torchrun", cmdline=("torchrun", "--nproc_per_node", "2", "train.py"))
@@ -127,6 +68,7 @@ def test_tree_fields_and_units(proc: FakeProc) -> None:
     assert reading.dropped == 0 and reading.unmapped_gpu_pids == ()
 
 
+@pytest.mark.unit
 def test_cpu_utilization_is_fraction_of_available_cpus(proc: FakeProc) -> None:
     clock = Clock()
     proc.add(100, utime=100, stime=50)
@@ -137,12 +79,14 @@ def test_cpu_utilization_is_fraction_of_available_cpus(proc: FakeProc) -> None:
     assert by_pid(tree.sample())[100].cpu_utilization == pytest.approx(1.5 / 2.0 / 2)
 
 
+@pytest.mark.unit
 def test_comm_with_spaces_and_parentheses(proc: FakeProc) -> None:
     proc.add(100, comm="my (weird) name", exe=None, threads=3)
     sample = by_pid(ProcessTree([100], proc_root=str(proc.root)).sample())[100]
     assert sample.executable_name == "my (weird) name" and sample.thread_count == 3
 
 
+@pytest.mark.unit
 def test_zombie_reported_without_memory(proc: FakeProc) -> None:
     proc.add(100)
     proc.add(101, ppid=100, state="Z", comm="sleep", exe=None, cmdline=(), fds=())
@@ -153,6 +97,7 @@ def test_zombie_reported_without_memory(proc: FakeProc) -> None:
     assert z.cpu_utilization is None
 
 
+@pytest.mark.unit
 def test_pid_reuse_is_a_new_process(proc: FakeProc) -> None:
     clock = Clock()
     proc.add(100)
@@ -172,6 +117,7 @@ def test_pid_reuse_is_a_new_process(proc: FakeProc) -> None:
     assert new.command == "python3 new.py" and new.cpu_utilization is None
 
 
+@pytest.mark.unit
 def test_exec_replaces_the_cached_command(proc: FakeProc) -> None:
     proc.add(100, comm="sh", cmdline=("sh", "-c", "exec sleep 5"), exe="/bin/dash")
     tree = ProcessTree([100], proc_root=str(proc.root))
@@ -182,6 +128,7 @@ def test_exec_replaces_the_cached_command(proc: FakeProc) -> None:
     assert (s.executable_name, s.command) == ("sleep", "sleep 5")
 
 
+@pytest.mark.unit
 def test_root_replaced_by_another_process_leaves_the_job(proc: FakeProc) -> None:
     proc.add(100, starttime=1000)
     proc.add(101, ppid=100)
@@ -192,6 +139,7 @@ def test_root_replaced_by_another_process_leaves_the_job(proc: FakeProc) -> None
     assert tree.job_pids() == [101]
 
 
+@pytest.mark.unit
 def test_reparented_descendant_stays_and_set_roots_starts_over(proc: FakeProc) -> None:
     proc.add(100)
     proc.add(101, ppid=100)
@@ -206,6 +154,7 @@ def test_reparented_descendant_stays_and_set_roots_starts_over(proc: FakeProc) -
     assert list(by_pid(tree.sample())) == [300]
 
 
+@pytest.mark.unit
 def test_gpu_processes_host_namespace(proc: FakeProc, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, "otel_gpu.procs")
     proc.add(100)
@@ -223,6 +172,7 @@ def test_gpu_processes_host_namespace(proc: FakeProc, caplog: pytest.LogCaptureF
     assert caplog.records == []
 
 
+@pytest.mark.unit
 def test_gpu_processes_container_without_host_pids(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -245,6 +195,7 @@ def test_gpu_processes_container_without_host_pids(
         assert fix in warnings[0]
 
 
+@pytest.mark.unit
 def test_roots_translated_into_a_mounted_host_proc(proc: FakeProc) -> None:
     """The agent in a container, reading the host's /proc through OTEL_GPU_PROC_ROOT."""
     me = os.getpid()
@@ -259,6 +210,7 @@ def test_roots_translated_into_a_mounted_host_proc(proc: FakeProc) -> None:
     assert (procs[4242].vpid, procs[4243].vpid) == (me, 12)
 
 
+@pytest.mark.unit
 def test_cap_prioritizes_roots_and_gpu_processes(proc: FakeProc) -> None:
     proc.add(100)
     for pid in range(101, 111):
@@ -275,6 +227,7 @@ def test_cap_prioritizes_roots_and_gpu_processes(proc: FakeProc) -> None:
     assert len(tree.job_pids()) == 12  # job_pids is not capped
 
 
+@pytest.mark.unit
 def test_command_redaction_and_truncation(proc: FakeProc) -> None:
     argv = (
         "python3",
@@ -297,6 +250,7 @@ def test_command_redaction_and_truncation(proc: FakeProc) -> None:
     assert short[100].command == "python3 train.py --h"
 
 
+@pytest.mark.unit
 def test_missing_proc_root_is_empty(tmp_path: Path) -> None:
     tree = ProcessTree([1], proc_root=str(tmp_path / "nope"))
     assert tree.sample([5]).processes == () and tree.job_pids() == []
@@ -332,6 +286,7 @@ def start_parent(spawned: list[subprocess.Popen], n: int) -> tuple[subprocess.Po
     return parent, kids
 
 
+@pytest.mark.process
 def test_real_tree_exit_zombie_and_orphans(spawned: list[subprocess.Popen]) -> None:
     parent, kids = start_parent(spawned, 2)
     tree = ProcessTree([parent.pid])
@@ -366,6 +321,7 @@ def test_real_tree_exit_zombie_and_orphans(spawned: list[subprocess.Popen]) -> N
     os.kill(kids[1], signal.SIGKILL)
 
 
+@pytest.mark.process
 def test_real_busy_child_uses_cpu(spawned: list[subprocess.Popen]) -> None:
     busy = subprocess.Popen(
         [
@@ -388,6 +344,7 @@ def test_real_busy_child_uses_cpu(spawned: list[subprocess.Popen]) -> None:
     assert procs[idle.pid].cpu_utilization == pytest.approx(0.0, abs=0.02 / cpus)
 
 
+@pytest.mark.process
 def test_real_cap_and_gpu_process_outside_tree(spawned: list[subprocess.Popen]) -> None:
     parent, kids = start_parent(spawned, 8)
     other = subprocess.Popen(["sleep", "30"], start_new_session=True)
@@ -402,6 +359,7 @@ def test_real_cap_and_gpu_process_outside_tree(spawned: list[subprocess.Popen]) 
     assert sorted(tree.job_pids()) == sorted([parent.pid, *kids])
 
 
+@pytest.mark.process
 def test_real_exec_of_the_same_program(spawned: list[subprocess.Popen]) -> None:
     """python -> exec python: same comm, so only re-reading young processes catches it."""
     code = (
@@ -427,6 +385,7 @@ def test_real_exec_of_the_same_program(spawned: list[subprocess.Popen]) -> None:
     assert command is not None and command.endswith("second")
 
 
+@pytest.mark.process
 def test_fd_count_of_a_real_process_matches_its_fd_directory() -> None:
     """On procfs the count comes from stat(/proc/PID/fd).st_size where the kernel provides it
     (Linux 6.2+), else from listing the directory; both must give the process's open files."""
@@ -445,6 +404,7 @@ def test_fd_count_of_a_real_process_matches_its_fd_directory() -> None:
         child.wait()
 
 
+@pytest.mark.unit
 def test_between_discovery_scans_only_the_known_tree_is_read(proc: FakeProc) -> None:
     """With a discovery period, a new child is found at the next full scan, while a member
     that exits disappears at once and the known members keep reporting every sweep."""
@@ -461,6 +421,7 @@ def test_between_discovery_scans_only_the_known_tree_is_read(proc: FakeProc) -> 
     assert list(by_pid(tree.sample())) == [100, 102]  # found within the period
 
 
+@pytest.mark.unit
 def test_open_files_are_counted_at_scans_and_for_new_processes(proc: FakeProc) -> None:
     """The fd count (slow-changing, one syscall per process) is refreshed with each discovery
     scan; between scans the last count is reported, and a process new to the sample is counted
@@ -510,6 +471,7 @@ def _sample_as_nobody(pid: int) -> dict:
         return json.loads(f.read())
 
 
+@pytest.mark.process
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to the nobody user")
 def test_process_of_another_user_is_sampled_with_what_is_readable() -> None:
     """AccessDenied: an unprivileged agent watching another user's process may not read its
@@ -533,6 +495,7 @@ def test_process_of_another_user_is_sampled_with_what_is_readable() -> None:
         child.wait()
 
 
+@pytest.mark.unit
 def test_discovery_scan_skipped_while_no_process_was_created(proc: FakeProc) -> None:
     """When loadavg's newest PID has not moved since the last scan, nothing new can be in the
     tree: the scan is skipped (open files are still recounted). Once it moves, the next due
@@ -562,6 +525,7 @@ def test_discovery_scan_skipped_while_no_process_was_created(proc: FakeProc) -> 
     assert list(by_pid(tree.sample())) == [100, 101]
 
 
+@pytest.mark.process
 def test_real_new_child_is_found_at_the_next_discovery(spawned: list[subprocess.Popen]) -> None:
     """On the real /proc a fork moves loadavg's newest PID, so a child started after the first
     scan is found within the discovery period."""

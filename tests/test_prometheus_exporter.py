@@ -12,7 +12,7 @@ import time
 import urllib.request
 
 import pytest
-from prometheus_peer import free_port
+from support.ports import free_port
 
 from otel_gpu.agent.export import metric_readers
 from otel_gpu.agent.settings import Settings
@@ -20,6 +20,7 @@ from otel_gpu.core.errors import UsageError
 from otel_gpu.core.prometheus import ScrapeEndpoint
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("given", "exporters"),
     [
@@ -36,6 +37,7 @@ def test_exporter_lists(given: str, exporters: tuple[str, ...]) -> None:
     assert Settings.load({"OTEL_METRICS_EXPORTER": given}).exporters == exporters
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("env", "explicit", "needle"),
     [
@@ -51,6 +53,7 @@ def test_bad_exporter_lists_name_the_setting(env, explicit, needle) -> None:
     assert needle in str(err.value)
 
 
+@pytest.mark.process
 def test_the_endpoint_defaults_to_localhost_9464_and_serves_metrics() -> None:
     try:
         endpoint = ScrapeEndpoint.from_env({})
@@ -65,6 +68,7 @@ def test_the_endpoint_defaults_to_localhost_9464_and_serves_metrics() -> None:
         endpoint.shutdown()
 
 
+@pytest.mark.process
 def test_the_endpoint_stops_serving_at_shutdown() -> None:
     port = free_port()
     reader = metric_readers(
@@ -77,6 +81,7 @@ def test_the_endpoint_stops_serving_at_shutdown() -> None:
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("env", "needle"),
     [
@@ -108,6 +113,7 @@ def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.process
 def test_a_taken_port_refuses_to_start_the_job(tmp_path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -128,6 +134,7 @@ def test_a_taken_port_refuses_to_start_the_job(tmp_path) -> None:
     assert not marker.exists()
 
 
+@pytest.mark.process
 def test_a_bad_exporter_flag_is_one_line_exit_2() -> None:
     res = _cli("run", "--exporter", "otlp,statsd", "--", "true")
     assert res.returncode == 2
@@ -137,6 +144,7 @@ def test_a_bad_exporter_flag_is_one_line_exit_2() -> None:
     )
 
 
+@pytest.mark.process
 def test_watch_serves_the_attached_jobs_metrics(tmp_path) -> None:
     port = free_port()
     job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -170,6 +178,7 @@ def test_watch_serves_the_attached_jobs_metrics(tmp_path) -> None:
                 watcher.wait(5)
 
 
+@pytest.mark.peers
 def test_idle_connections_do_not_pile_up_threads_and_scrapes_resume() -> None:
     """prometheus_client's own server gave each of these a thread, held for ever."""
     import threading

@@ -19,26 +19,16 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from otlp_sink import OtlpSink
-from prometheus_peer import ROOT, Prometheus, free_port
+from support.otlp_sink import OtlpSink
+from support.paths import ROOT
+from support.ports import free_port
+from support.prometheus_peer import Prometheus
+from support.tiny_training import TRAINING_LOOP
+
+pytestmark = pytest.mark.peers
 
 RULES = ROOT / "deploy" / "prometheus" / "otel-gpu-rules.yml"
 DASHBOARDS = sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json"))
-# The watched job: a hand-written training loop run under `opentelemetry-instrument` with
-# OTEL_METRICS_EXPORTER=prometheus (its own /metrics for training.step / training.phase) and
-# its spans over OTLP; an evaluation every 40 steps.
-TRAINER = """
-import time
-import otel_gpu
-
-with otel_gpu.phase("train"):
-    for n in range(1, 100_000):
-        otel_gpu.step(n, loss=1.0 / n)
-        time.sleep(0.1)
-        if n % 40 == 0:
-            with otel_gpu.phase("evaluate"):
-                time.sleep(0.5)
-"""
 LEAK_WAIT_S = 150  # the leak alert comes after ~35 s on an idle 2-core machine
 
 
@@ -90,7 +80,7 @@ scrape_configs:
                  "env", f"OTEL_EXPORTER_PROMETHEUS_PORT={trainer_port}",
                  "OTEL_METRICS_EXPORTER=prometheus", "OTEL_LOGS_EXPORTER=none",
                  f"OTEL_EXPORTER_OTLP_ENDPOINT={sink.endpoint}",
-                 "opentelemetry-instrument", sys.executable, "-c", TRAINER],
+                 "opentelemetry-instrument", sys.executable, "-c", TRAINING_LOOP],
             ),
             _agent(
                 {**env, "OTEL_GPU_LOCK_DIR": str(tmp / "b"), "OTEL_SERVICE_NAME": "stuck"},

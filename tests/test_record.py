@@ -8,70 +8,25 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from fakenvml.fixtures import FakeNvml
-from test_cli import CLI, _env
+from support.cli import CLI, clean_env
+from support.recording import FAST_LEAK_WINDOWS, record_simulated_leak
 
-from otel_gpu.agent.agent import Agent
-from otel_gpu.agent.settings import Settings
-from otel_gpu.agent.watchdog import Watchdog
-from otel_gpu.detect.breaker import Breaker, BreakerConfig, Transition
-from otel_gpu.detect.engine import DetectConfig, Engine
-from otel_gpu.detect.model import Alert, Point
+from otel_gpu.detect.model import Point
 from otel_gpu.detect.trace import read_rows
-from otel_gpu.outputs.record import Recorder, open_recording
-from otel_gpu.outputs.sweeps import on_sweeps
-from otel_gpu.sampling.sim import GIB, SimulatedSource
-
-# The demo's short leak windows: a leak is found within minutes of simulated time.
-FAST = {"leak_bucket_s": 15, "leak_min_window_s": 900, "leak_context_s": 1800}
-
-
-def record_simulated_leak(path: Path, seconds: float = 30.0) -> dict:
-    """A real agent (sampler thread, engine, breaker) on a simulated leaking GPU at 240x,
-    recorded to ``path``; returns what the live run saw."""
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        source = SimulatedSource("leak", time_scale=240.0, leak_bytes_per_s=12 * GIB / 3600)
-        agent = Agent(
-            Settings(interval_s=0.1, exporter="none", detect=False),
-            roots=[child.pid],
-            source=source,
-        )
-        watchdog = Watchdog(
-            Engine(DetectConfig(**FAST)),
-            Breaker(BreakerConfig()),
-            phase=lambda: source.phase(source.elapsed()),
-        )
-        agent.sampler.add_listener(watchdog.on_snapshot)
-        alerts: list[Alert] = []
-        transitions: list[Transition] = []
-        judged: list[tuple[str, Point]] = []
-        watchdog.alert_listeners.append(alerts.append)
-        watchdog.transition_listeners.append(transitions.append)
-        recorder = Recorder(open_recording(str(path)))
-        on_sweeps(agent.sampler, watchdog, recorder.on_sweep)
-        on_sweeps(agent.sampler, watchdog, lambda sweep: judged.extend(sweep.points))
-        agent.start()
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and not any(a.kind == "leak" for a in alerts):
-            time.sleep(0.2)
-        time.sleep(1.0)  # a few sweeps after the alert
-        agent.shutdown(2.0)
-        recorder.close()
-    finally:
-        child.kill()
-        child.wait()
-    return {"alerts": alerts, "transitions": transitions, "points": judged}
+from otel_gpu.outputs.record import Recorder
 
 
 def analyze(*args: str) -> list[dict]:
     res = subprocess.run(
-        [*CLI, "analyze", *args], capture_output=True, text=True, timeout=60, env=_env()
+        [*CLI, "analyze", *args], capture_output=True, text=True, timeout=60, env=clean_env()
     )
     assert res.returncode == 0, res.stderr
     return [json.loads(line) for line in res.stdout.splitlines()]
 
 
+@pytest.mark.peers
 def test_recording_holds_exactly_the_points_the_engine_judged_and_replays_its_alerts(
     tmp_path: Path,
 ) -> None:
@@ -87,13 +42,14 @@ def test_recording_holds_exactly_the_points_the_engine_judged_and_replays_its_al
     assert any(label.startswith("GPU0 51a1a7ed") for label in first.values())
     # `otel-gpu analyze` on the recording: the same alerts, subjects and data times.
     config = tmp_path / "detect.json"
-    config.write_text(json.dumps(FAST))
+    config.write_text(json.dumps(FAST_LEAK_WINDOWS))
     replayed = analyze("--config", str(config), str(path))
     assert [(x["kind"], x["subject"], x["time_s"], x["message"]) for x in replayed] == [
         (a.kind, a.subject, a.time, a.message) for a in live["alerts"]
     ]
 
 
+@pytest.mark.peers
 def test_run_record_and_summary_json_agree_with_analyze(
     fake_nvml: FakeNvml, tmp_path: Path
 ) -> None:
@@ -111,7 +67,7 @@ def test_run_record_and_summary_json_agree_with_analyze(
         [*CLI, "run", "--exporter", "none", "--interval", "0.2", "--record", str(record),
          "--summary-json", str(summary), "--", sys.executable, "-c",
          "import time; time.sleep(5); raise SystemExit(3)"],
-        capture_output=True, text=True, timeout=60, env=fake_nvml.env(_env()),
+        capture_output=True, text=True, timeout=60, env=fake_nvml.env(clean_env()),
     )  # fmt: skip
     assert res.returncode == 3, res.stderr
     data = json.loads(summary.read_text())
@@ -121,13 +77,14 @@ def test_run_record_and_summary_json_agree_with_analyze(
     assert [(x["kind"], x["subject"], x["time_s"]) for x in replayed] == live
 
 
+@pytest.mark.process
 def test_unwritable_record_path_is_refused_before_the_job_starts(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     res = subprocess.run(
         [*CLI, "run", "--simulate", "steady", "--exporter", "none", "--record",
          str(tmp_path / "no" / "such" / "dir.csv"), "--", sys.executable, "-c",
          f"open({str(marker)!r}, 'w')"],
-        capture_output=True, text=True, timeout=60, env=_env(),
+        capture_output=True, text=True, timeout=60, env=clean_env(),
     )  # fmt: skip
     assert res.returncode == 2
     assert res.stderr.strip().startswith("otel-gpu: error: --record ")
@@ -135,6 +92,7 @@ def test_unwritable_record_path_is_refused_before_the_job_starts(tmp_path: Path)
     assert not marker.exists()
 
 
+@pytest.mark.unit
 def test_a_stalled_disk_drops_whole_sweeps_and_never_blocks_the_sampler() -> None:
     import os
 

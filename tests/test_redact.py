@@ -18,6 +18,8 @@ from otel_gpu.core.redact import (
     redact_value,
 )
 
+pytestmark = pytest.mark.unit
+
 # Realistic-looking fakes (no real credential): each has the length and alphabet of its kind.
 HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"
 GHP = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"

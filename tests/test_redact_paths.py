@@ -23,8 +23,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from otlp_sink import OtlpSink
-from tiny_training import offline_env
+from support.otlp_sink import OtlpSink
+from support.tiny_training import offline_env
 
 from otel_gpu.actions import ActionDispatcher, JsonNotifier, SlackNotifier, add_alert_event
 from otel_gpu.agent.agent import Agent
@@ -71,6 +71,7 @@ def _command_of(reader: InMemoryMetricReader, pid: int) -> dict[str, object]:
     raise AssertionError(f"no process.memory.usage point for {pid}")
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("mode", "expected"),
     [
@@ -105,6 +106,7 @@ def test_process_command_of_a_real_child_in_each_mode(
     assert not any(s in str(attrs) for s in SECRETS)
 
 
+@pytest.mark.process
 def test_console_exporter_shows_no_credential(script: Path, tmp_path: Path) -> None:
     """``otel-gpu run --exporter console``: the job's process.command and the resource (a
     process.command_line and a password given in OTEL_RESOURCE_ATTRIBUTES) are printed
@@ -131,6 +133,7 @@ def test_console_exporter_shows_no_credential(script: Path, tmp_path: Path) -> N
     assert not any(s in res.stdout + res.stderr for s in SECRETS)
 
 
+@pytest.mark.process
 def test_bad_process_command_setting_is_one_line_and_exit_2() -> None:
     env = offline_env(OTEL_GPU_PROCESS_COMMAND="full")
     res = subprocess.run(
@@ -152,6 +155,7 @@ print(json.dumps([dict(raw.attributes), dict(shown.attributes)]))
 """
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("mode", "line", "args", "command"),
     [
@@ -186,6 +190,7 @@ def test_process_detector_resource_in_each_mode(
     assert not any(s in json.dumps(shown) for s in SECRETS)
 
 
+@pytest.mark.process
 def test_instrumented_job_exports_no_credential(tmp_path: Path) -> None:
     """``opentelemetry-instrument python train.py --hf_token ...`` to a real OTLP receiver: the
     in-process agent's process.command, the resource and the job's log records."""
@@ -245,6 +250,7 @@ ALERT = Alert(
 TRANSITION = Transition(ALERT.subject, "closed", "open", 100.0, ALERT.message, ALERT, 1)
 
 
+@pytest.mark.unit
 def test_alert_span_event_is_redacted() -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
@@ -260,6 +266,7 @@ def test_alert_span_event_is_redacted() -> None:
     assert not any(s in repr(attrs) for s in SECRETS)
 
 
+@pytest.mark.unit
 def test_processor_alert_records_are_redacted() -> None:
     subject = SubjectOutput((("service.name", "trainer"),), (("process.pid", 4242),))
     req = ExportLogsServiceRequest.FromString(
@@ -301,6 +308,7 @@ class _Receiver:
             return list(self.bodies)
 
 
+@pytest.mark.process
 def test_webhooks_carry_no_credential() -> None:
     receiver = _Receiver()
     try:
@@ -324,11 +332,13 @@ def test_webhooks_carry_no_credential() -> None:
     assert not any(s.encode() in b for s in SECRETS for b in bodies)
 
 
+@pytest.mark.process
 def test_the_setting_is_an_opentelemetry_instrument_flag() -> None:
     out = subprocess.run([INSTRUMENT, "--help"], capture_output=True, text=True, timeout=60)
     assert "--gpu_process_command" in out.stdout
 
 
+@pytest.mark.unit
 def test_agent_settings_default_to_redacted() -> None:
     assert Settings.load(env={}).process_command == "redacted"
     assert Settings.load(env={"OTEL_GPU_PROCESS_COMMAND": " Executable "}).process_command == (

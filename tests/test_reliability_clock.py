@@ -17,6 +17,8 @@ from otel_gpu.agent import selfmetrics
 from otel_gpu.agent.selfmetrics import ExportHealth
 from otel_gpu.sampling.sampler import Sampler
 
+pytestmark = pytest.mark.unit
+
 HOUR = 3600.0
 T0 = 1_764_410_000.0  # a wall-clock time (Unix s)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import subprocess
 import sys
 import threading
@@ -22,8 +21,9 @@ import pytest
 from fakenvml.fixtures import FakeNvml
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from test_cli import CLI, _env
-from test_isolation import _console_points
+from support.cli import CLI, clean_env
+from support.console import console_points
+from support.ports import free_port
 
 from otel_gpu.agent import instruments as metrics
 from otel_gpu.sampling.snapshot import STATUS_FAILED, STATUS_OK, Snapshot
@@ -46,6 +46,7 @@ INIT_FAILURES = {
 }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("code", sorted(INIT_FAILURES))
 def test_init_failure_is_retried_with_backoff_until_it_clears(fake_nvml: FakeNvml, code: str):
     # nvmlInit fails on its first three calls, then works: the condition clears by itself.
@@ -70,6 +71,7 @@ def test_init_failure_is_retried_with_backoff_until_it_clears(fake_nvml: FakeNvm
     assert [g.status for g in reading.gpus] == [STATUS_OK, STATUS_OK]
 
 
+@pytest.mark.unit
 def test_nvml_shut_down_under_the_agent_is_initialized_again(fake_nvml: FakeNvml):
     """Another library in the process balanced its own nvmlShutdown against our init: every
     call now says UNINITIALIZED. That is no-GPU mode with a fresh init after the backoff,
@@ -91,6 +93,7 @@ def test_nvml_shut_down_under_the_agent_is_initialized_again(fake_nvml: FakeNvml
     assert fake_nvml.call_count("nvmlInitWithFlags") == 2
 
 
+@pytest.mark.unit
 def test_close_with_a_call_in_flight_returns_at_once_and_never_shuts_nvml_under_it(
     fake_nvml: FakeNvml,
 ):
@@ -110,6 +113,7 @@ def test_close_with_a_call_in_flight_returns_at_once_and_never_shuts_nvml_under_
     assert src.sample([]).gpus == () and fake_nvml.call_count() == calls
 
 
+@pytest.mark.unit
 def test_many_threads_sampling_while_gpus_come_and_go(fake_nvml: FakeNvml):
     """Collection, Xid polling and reloads at once (the demo's stress part): eight threads
     call sample() and host_info() while the scenario flips between 2 and 3 GPUs with Xid
@@ -150,6 +154,7 @@ def test_many_threads_sampling_while_gpus_come_and_go(fake_nvml: FakeNvml):
     assert fake_nvml.call_count("nvmlInitWithFlags") == 1  # never re-initialized
 
 
+@pytest.mark.unit
 def test_a_gpu_falling_off_the_bus_after_xid_79(fake_nvml: FakeNvml):
     """Xid 79 ("fallen off the bus"), then every call on that GPU says GPU_IS_LOST: the Xid is
     counted, the GPU turns failed with no values at all (no stale repeats, not even of its
@@ -198,6 +203,7 @@ def _of(points: dict[tuple, float], **attrs: str) -> list[float]:
     return [v for key, v in points.items() if set(attrs.items()) <= set(key)]
 
 
+@pytest.mark.unit
 def test_a_lost_gpu_shows_failed_and_xid_79_together(fake_nvml: FakeNvml):
     """The Xid and the loss arrive within one sweep, as they do when a GPU falls off the bus:
     the exported points say, side by side, that GPU 1 is failed and that its last Xid was 79,
@@ -218,6 +224,7 @@ def test_a_lost_gpu_shows_failed_and_xid_79_together(fake_nvml: FakeNvml):
         assert not _of(points["hw.power"], **{"hw.id": uuids[1]})  # no stale values
 
 
+@pytest.mark.unit
 def test_no_xid_event_pending_is_normal_and_polled_once_per_sweep(fake_nvml: FakeNvml, caplog):
     """nvmlEventSetWait answering TIMEOUT (nothing pending) is the normal case: one
     non-blocking poll per sweep (no spinning), not an error, not logged; a GPU that cannot
@@ -237,12 +244,6 @@ def test_no_xid_event_pending_is_normal_and_polled_once_per_sweep(fake_nvml: Fak
 # ---- end to end under otel-gpu run -----------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _healthz(port: int, proc: subprocess.Popen) -> dict:
     deadline = time.monotonic() + 30
     while True:
@@ -257,6 +258,7 @@ def _healthz(port: int, proc: subprocess.Popen) -> dict:
         time.sleep(0.2)
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize(
     ("case", "reason"),
     [
@@ -271,12 +273,12 @@ def test_run_without_gpus_reports_it_and_never_crash_loops(
     /healthz names the reason, one warning is logged for the whole run although NVML is tried
     again with backoff, and the sampling helper is never restarted."""
     fake_nvml.write("devices = 0")
-    env = _env(OTEL_GPU_DETECT="false")
+    env = clean_env(OTEL_GPU_DETECT="false")
     if case == "no GPU":
         env = fake_nvml.env(env)
     else:  # no libnvidia-ml.so.1 anywhere the loader looks (this machine has no driver)
         env.pop("LD_LIBRARY_PATH", None)
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [*CLI, "run", "--exporter", "console", "--interval", "0.2", "--export-interval", "0.5",
          "--health", f"127.0.0.1:{port}", "--", sys.executable, "-c",
@@ -291,7 +293,7 @@ def test_run_without_gpus_reports_it_and_never_crash_loops(
         proc.wait()
     assert proc.returncode == 3, err[-2000:]
     assert body["ok"] and reason in body["reason"]  # sampling works; there is just no GPU
-    points = _console_points(out)
+    points = console_points(out)
     names = {name for name, *_ in points}
     assert not {n for n in names if n.startswith("hw.")}  # no made-up GPU values
     assert "process.memory.usage" in names  # the job's own metrics still flow
@@ -309,6 +311,7 @@ INIT_FAULTS = {
 }
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize("fault", sorted(INIT_FAULTS))
 @pytest.mark.parametrize("launcher", ["run", "opentelemetry-instrument"])
 def test_a_faulty_nvml_init_never_delays_or_kills_the_job(
@@ -321,7 +324,7 @@ def test_a_faulty_nvml_init_never_delays_or_kills_the_job(
     fake_nvml.write(f"devices = 1\n{INIT_FAULTS[fault]}")
     job = "import sys, time; print(time.time(), flush=True); time.sleep(1); sys.exit(5)"
     env = fake_nvml.env(
-        _env(
+        clean_env(
             OTEL_GPU_NVML_TIMEOUT="0.3",
             OTEL_GPU_DETECT="false",
             OTEL_GPU_LOCK_DIR=str(tmp_path),

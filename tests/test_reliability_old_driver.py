@@ -9,6 +9,8 @@ import pynvml
 import pytest
 from fakenvml.fixtures import FakeNvml
 
+pytestmark = pytest.mark.unit
+
 OLD_DRIVER_SCENARIO = """
 devices = 2
 gpu.0.processes = 4242:1073741824 4343:na

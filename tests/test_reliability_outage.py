@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import grpc
-from test_cli import CLI, _env
-from test_reliability_export import Refusal, ScriptedCollector, serving
+import pytest
+from support.cli import CLI, clean_env
+from support.collectors import Refusal, ScriptedCollector, serving
 
 # The job and 24 sleeping children: about 150 process points per export beside the GPU's, so
 # a batch kept per failure would show in RSS within seconds.
@@ -43,6 +44,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 30) -> None
         time.sleep(0.05)
 
 
+@pytest.mark.peers
 def test_memory_and_threads_stay_flat_through_150_failed_exports(tmp_path: Path) -> None:
     """The NoBackend scenario, accelerated: an export every 50 ms to a collector that refuses
     every batch (UNAVAILABLE, as one whose backend is down; the SDK rebuilds its gRPC channel
@@ -56,7 +58,7 @@ def test_memory_and_threads_stay_flat_through_150_failed_exports(tmp_path: Path)
              "--export-interval", "0.05", "--no-detect", "--",
              sys.executable, "-c", JOB_WITH_CHILDREN.format(marker=str(marker))],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=_env(OTEL_EXPORTER_OTLP_TIMEOUT="0.3", OTEL_GPU_SHUTDOWN_TIMEOUT="1"),
+            env=clean_env(OTEL_EXPORTER_OTLP_TIMEOUT="0.3", OTEL_GPU_SHUTDOWN_TIMEOUT="1"),
         )  # fmt: skip
         try:
             _wait_for(marker, proc)
@@ -78,6 +80,7 @@ def test_memory_and_threads_stay_flat_through_150_failed_exports(tmp_path: Path)
     assert proc.returncode == 0, err[-2000:]
 
 
+@pytest.mark.process
 def test_sigterm_during_an_outage_exits_within_the_shutdown_bound(tmp_path: Path) -> None:
     """A blackhole collector and a 30 s export timeout: without the shutdown bound the final
     flush alone would wait 30 s. SIGTERM reaches the job, and the wrapper reports its death
@@ -91,7 +94,7 @@ def test_sigterm_during_an_outage_exits_within_the_shutdown_bound(tmp_path: Path
              "0.5", "--no-detect", "--endpoint", f"http://127.0.0.1:{blackhole.getsockname()[1]}",
              "--", sys.executable, "-c", f"import time; open({str(marker)!r}, 'w'); time.sleep(60)"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=_env(OTEL_EXPORTER_OTLP_TIMEOUT="30", OTEL_GPU_SHUTDOWN_TIMEOUT="2"),
+            env=clean_env(OTEL_EXPORTER_OTLP_TIMEOUT="30", OTEL_GPU_SHUTDOWN_TIMEOUT="2"),
         )  # fmt: skip
         try:
             _wait_for(marker, proc)

@@ -9,9 +9,11 @@ import threading
 from pathlib import Path
 
 import pytest
-from test_procs import FakeProc
+from support.procfs import FakeProc
 
 from otel_gpu.sampling.procs import ProcessTree
+
+pytestmark = pytest.mark.unit
 
 CASES = [
     # (case, raw /proc/PID/cmdline, exported process.command)

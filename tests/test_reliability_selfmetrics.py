@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 from fakenvml.fixtures import FakeNvml
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -10,6 +11,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from otel_gpu.agent import selfmetrics
 from otel_gpu.agent.selfmetrics import ExportHealth
 from otel_gpu.sampling.sampler import Sampler
+
+pytestmark = pytest.mark.unit
 
 UUID = "GPU-fa4e0000-0000-4000-8000-{:012x}"
 

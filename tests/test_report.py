@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from test_cli import CLI, _env
-from test_record import FAST, record_simulated_leak
+from support.cli import CLI, clean_env
+from support.recording import FAST_LEAK_WINDOWS, record_simulated_leak
+
+# Every test reads the module's report: a real agent's recording, rendered (~12 s), and Chromium.
+pytestmark = pytest.mark.peers
 
 OUTPUT = Path(__file__).parent / "output"
 WINDOW = (1200, 2200)
@@ -24,11 +27,11 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     recording = folder / "leak.csv"
     live = record_simulated_leak(recording)
     config = folder / "detect.json"
-    config.write_text(json.dumps(FAST))
+    config.write_text(json.dumps(FAST_LEAK_WINDOWS))
     page = folder / "report.html"
     res = subprocess.run(
         [*CLI, "report", str(recording), "--config", str(config), "-o", str(page)],
-        capture_output=True, text=True, timeout=120, env=_env(),
+        capture_output=True, text=True, timeout=120, env=clean_env(),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     return {"page": page, "html": page.read_text(encoding="utf-8"), "live": live}

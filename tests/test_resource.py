@@ -67,6 +67,7 @@ def detect(cwd: Path, **kw: float) -> dict:
 # -- git ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_branch_url_without_credentials_revision_and_clean(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo", f"https://alice:{TOKEN}@github.com/org/repo.git")
     (tmp_path / "repo" / "sub").mkdir()
@@ -82,6 +83,7 @@ def test_branch_url_without_credentials_revision_and_clean(tmp_path: Path) -> No
     assert TOKEN not in repr(attrs) and "alice" not in repr(attrs)
 
 
+@pytest.mark.process
 def test_dirty_only_for_tracked_changes(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
     (repo / "output.log").write_text("untracked\n")
@@ -90,6 +92,7 @@ def test_dirty_only_for_tracked_changes(tmp_path: Path) -> None:
     assert detect(repo)["otel_gpu.vcs.dirty"] is True
 
 
+@pytest.mark.process
 def test_detached_head_on_tag_and_off_tag(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo", "git@gitlab.example.com:group/sub/repo.git")
     git(repo, "tag", "v1.0")
@@ -108,6 +111,7 @@ def test_detached_head_on_tag_and_off_tag(tmp_path: Path) -> None:
     assert "vcs.ref.head.name" not in attrs and "vcs.ref.head.type" not in attrs
 
 
+@pytest.mark.process
 def test_submodule_revisions(tmp_path: Path) -> None:
     lib = make_repo(tmp_path / "lib")
     repo = make_repo(tmp_path / "repo")
@@ -119,6 +123,7 @@ def test_submodule_revisions(tmp_path: Path) -> None:
     assert "vcs.repository.url.full" not in attrs  # no remote: no URL, never a made-up one
 
 
+@pytest.mark.process
 def test_git_dir_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     repo = make_repo(tmp_path / "repo", "ssh://git@example.com:2222/org/proj.git")
     monkeypatch.setenv("OTEL_GPU_GIT_DIR", str(repo))
@@ -127,6 +132,7 @@ def test_git_dir_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert attrs["vcs.repository.url.full"] == "https://example.com/org/proj"
 
 
+@pytest.mark.process
 def test_outside_repository_is_empty_with_one_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -136,6 +142,7 @@ def test_outside_repository_is_empty_with_one_warning(
     assert len(warnings) == 1 and "not inside a git repository" in warnings[0].getMessage()
 
 
+@pytest.mark.process
 def test_slow_git_is_cut_off_and_killed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -167,12 +174,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.process
 def test_no_git_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     repo = make_repo(tmp_path / "repo")
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert detect(repo) == {}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [
@@ -197,6 +206,7 @@ def test_canonical_repo_url(raw: str, expected: str | None) -> None:
 # -- GPU host ----------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_host_attributes_from_host_info() -> None:
     info = HostInfo("550.54.15", "12.4", 2, ("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"))
     assert host_attributes(info) == {
@@ -208,6 +218,7 @@ def test_host_attributes_from_host_info() -> None:
     assert host_attributes(HostInfo()) == {}  # unknown stays out, never 0 or ""
 
 
+@pytest.mark.unit
 def test_host_detector_with_simulated_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_GPU_SIMULATE", "steady")
     attrs = dict(GpuHostResourceDetector().detect().attributes)
@@ -217,6 +228,7 @@ def test_host_detector_with_simulated_gpu(monkeypatch: pytest.MonkeyPatch) -> No
     assert two.attributes["otel_gpu.gpu.count"] == 2
 
 
+@pytest.mark.process
 def test_host_detector_reads_nvml(fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_nvml.write(
         """
@@ -242,6 +254,7 @@ def test_host_detector_reads_nvml(fake_nvml: FakeNvml, monkeypatch: pytest.Monke
     assert fake_nvml.child_stats()[("nvmlShutdown", -1)] == 1
 
 
+@pytest.mark.process
 def test_host_detector_bounded_when_nvml_hangs(
     fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -256,6 +269,7 @@ def test_host_detector_bounded_when_nvml_hangs(
     assert "NVML did not answer in 0.3s" in caplog.text
 
 
+@pytest.mark.unit
 def test_host_detector_failure_is_empty_not_raised(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, "otel_gpu.resource")
     res = GpuHostResourceDetector(source_factory=lambda: SimulatedSource("bogus")).detect()
@@ -266,6 +280,7 @@ def test_host_detector_failure_is_empty_not_raised(caplog: pytest.LogCaptureFixt
 # -- job ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_torchrun_and_slurm_environment() -> None:
     env = {
         "RANK": "5",
@@ -298,6 +313,7 @@ def test_torchrun_and_slurm_environment() -> None:
     }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("resource_attributes", "expected"),
     [
@@ -319,6 +335,7 @@ def test_the_job_is_named_by_the_given_id_else_by_this_processs(
     assert JobResourceDetector(env=env).is_process_dependent()
 
 
+@pytest.mark.unit
 def test_kubernetes_from_downward_api_and_service_account(tmp_path: Path) -> None:
     env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "POD_NAME": "sft-0", "NODE_NAME": "gpu-7"}
     ns_file = tmp_path / "namespace"
@@ -337,6 +354,7 @@ def test_kubernetes_from_downward_api_and_service_account(tmp_path: Path) -> Non
     assert job_attributes({"HOSTNAME": "box"}, str(ns_file)) == {}
 
 
+@pytest.mark.unit
 def test_bad_rank_is_left_out_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, "otel_gpu.resource")
     assert job_attributes({"RANK": "zero", "WORLD_SIZE": "2"}) == {"otel_gpu.job.world_size": 2}
@@ -346,6 +364,7 @@ def test_bad_rank_is_left_out_with_a_warning(caplog: pytest.LogCaptureFixture) -
 # -- through the SDK ---------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_detectors_through_sdk_aggregation(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo", "git@github.com:org/repo.git")
     res = get_aggregated_resources(
@@ -355,6 +374,7 @@ def test_detectors_through_sdk_aggregation(tmp_path: Path) -> None:
     assert res.attributes["otel_gpu.job.rank"] == 0
 
 
+@pytest.mark.process
 def test_entry_points_selected_by_environment_variable(tmp_path: Path) -> None:
     """What ``opentelemetry-instrument`` does: Resource.create() honouring the env variable."""
     repo = make_repo(tmp_path / "repo", f"https://u:{TOKEN}@example.com/org/repo.git")

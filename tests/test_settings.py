@@ -20,6 +20,8 @@ from otel_gpu.core.errors import UsageError
 from otel_gpu.core.settings import FALSE_WORDS, TRUE_WORDS, Setting, boolean, number, resolve
 from otel_gpu.tracing import settings as tracing_settings
 
+pytestmark = pytest.mark.unit
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 PERIOD = Setting("period_s", "X_PERIOD", number(1, 60, accepted="use 1 to 60"), "a period", "5")
 

@@ -11,21 +11,22 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 from fakenvml.fixtures import FakeNvml
-from otlp_sink import OtlpSink
-from test_cli import _env
-from test_inference_scrape import VLLM
+from support.cli import clean_env
+from support.inference import VLLM
+from support.otlp_sink import OtlpSink
+from support.paths import ROOT
+from support.ports import free_port
+from support.waits import wait_until
 
 SCENARIO = """
 devices = 1
@@ -34,14 +35,7 @@ gpu.0.memory.total = 85899345920
 gpu.0.memory.used = 21474836480
 gpu.0.util.gpu = 60
 """
-ROOT = Path(__file__).resolve().parents[1]
 SHUTDOWN_BOUND_S = 5.0  # OTEL_GPU_SHUTDOWN_TIMEOUT below
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -52,20 +46,6 @@ def _get(url: str) -> tuple[int, str]:
         return e.code, json.loads(e.read())["reason"]
 
 
-def _until(what: str, probe: Callable[[], object], timeout_s: float = 60.0) -> object:
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = probe()
-            if last:
-                return last
-        except OSError as exc:  # not listening yet
-            last = exc
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
-
-
 class Pod:
     """PID 1 (sh) of a new PID namespace, with the server in a nested one and the sidecar."""
 
@@ -73,7 +53,7 @@ class Pod:
         self.metrics_dir = tmp_path / "www"
         self.metrics_dir.mkdir()
         (self.metrics_dir / "metrics").write_text(VLLM)
-        self.server_port, self.health_port = _port(), _port()
+        self.server_port, self.health_port = free_port(), free_port()
         sidecar = [
             sys.executable, "-m", "otel_gpu.cli", "sidecar",
             "--health", f"127.0.0.1:{self.health_port}",
@@ -86,7 +66,7 @@ class Pod:
         ]  # fmt: skip
         script = f"{_sh(server)} >/dev/null 2>&1 & {_sh(sidecar)} & wait"
         env = fake.env(
-            _env(
+            clean_env(
                 PYTHONPATH=str(ROOT),  # this checkout's otel_gpu, in every process of the pod
                 OTEL_GPU_BREAKER_COOLDOWN_S="1",
                 OTEL_GPU_BREAKER_PROBATION_S="2",
@@ -141,9 +121,10 @@ def pod(fake_nvml: FakeNvml, tmp_path: Path) -> Iterator[tuple[Pod, OtlpSink, Fa
             print(pod.close())
 
 
+@pytest.mark.peers
 def test_sidecar_in_a_pid_namespace(pod: tuple[Pod, OtlpSink, FakeNvml]) -> None:
     p, sink, fake = pod
-    _until("/healthz 200", lambda: _get(p.url + "/healthz")[0] == 200)
+    wait_until("/healthz 200", lambda: _get(p.url + "/healthz")[0] == 200)
     assert _get(p.url + "/readyz") == (200, "ready: no serving-fatal condition")
 
     # Discovery: the server, seen from the sidecar's namespace, is PID 1 of its own.
@@ -155,7 +136,7 @@ def test_sidecar_in_a_pid_namespace(pod: tuple[Pod, OtlpSink, FakeNvml]) -> None
             if pt.metric == "process.memory.usage" and pt.attributes.get("process.vpid") == 1
         ]  # fmt: skip
 
-    found = _until("the server's process metrics", server_points)
+    found = wait_until("the server's process metrics", server_points)
     attrs = found[-1].attributes  # type: ignore[index]
     assert attrs["process.executable.name"].startswith("python")
     assert attrs["process.pid"] != server.pid  # the sidecar's namespace PID, not the host's
@@ -163,7 +144,7 @@ def test_sidecar_in_a_pid_namespace(pod: tuple[Pod, OtlpSink, FakeNvml]) -> None
     assert attrs["process.command"] == f"{sys.executable} -m http.server"
     resource = found[-1].resource  # type: ignore[index]
     assert (resource["k8s.pod.name"], resource["k8s.namespace.name"]) == ("vllm-0", "serving")
-    waiting = _until(
+    waiting = wait_until(
         "the normalized server metrics",
         lambda: [pt for pt in sink.points() if pt.metric == "otel_gpu.inference.requests.waiting"],
     )
@@ -173,33 +154,37 @@ def test_sidecar_in_a_pid_namespace(pod: tuple[Pod, OtlpSink, FakeNvml]) -> None
 
     # Xid 79: not ready, then ready again after the cool-down (1 s) and probation (2 s).
     fake.append("gpu.0.xid = 79")
-    code, reason = _until("503 on Xid 79", lambda: (r := _get(p.url + "/readyz"))[0] == 503 and r)  # type: ignore[misc]
+    code, reason = wait_until(
+        "503 on Xid 79", lambda: (r := _get(p.url + "/readyz"))[0] == 503 and r
+    )  # type: ignore[misc]
     assert "Xid 79 (needs a reset)" in reason
-    _until("ready after probation", lambda: _get(p.url + "/readyz")[0] == 200)
+    wait_until("ready after probation", lambda: _get(p.url + "/readyz")[0] == 200)
     fake.write(SCENARIO)
 
     # A serving stall: vLLM says 3 requests wait while the GPU idles (OTEL_GPU_READY_STALL=2).
     fake.append("gpu.0.util.gpu = 0")
-    reason = _until("503 on a stall", lambda: (r := _get(p.url + "/readyz"))[0] == 503 and r[1])
+    reason = wait_until("503 on a stall", lambda: (r := _get(p.url + "/readyz"))[0] == 503 and r[1])
     assert "3 request(s) waiting" in str(reason) and "vllm server is hung" in str(reason)
     fake.write(SCENARIO)  # busy again: ready after the cool-down and probation
-    _until("ready after the stall", lambda: _get(p.url + "/readyz")[0] == 200)
+    wait_until("ready after the stall", lambda: _get(p.url + "/readyz")[0] == 200)
 
     # Frozen sampling: /healthz 503 while the helper is stopped, 200 once it runs again.
     helper = p.process("otel_gpu.sampling.worker")
     helper.send_signal(signal.SIGSTOP)
     try:
-        reason = _until(
+        reason = wait_until(
             "stale /healthz", lambda: (r := _get(p.url + "/healthz"))[0] == 503 and r[1]
         )
         assert "stale" in str(reason)
     finally:
         helper.send_signal(signal.SIGCONT)
-    _until("fresh /healthz", lambda: _get(p.url + "/healthz")[0] == 200)
+    wait_until("fresh /healthz", lambda: _get(p.url + "/healthz")[0] == 200)
 
     # A lost GPU: not ready while it is gone.
     fake.append("fail.*.0 = GPU_IS_LOST")
-    reason = _until("503 on a lost GPU", lambda: (r := _get(p.url + "/readyz"))[0] == 503 and r[1])
+    reason = wait_until(
+        "503 on a lost GPU", lambda: (r := _get(p.url + "/readyz"))[0] == 503 and r[1]
+    )
     assert "is lost" in str(reason)
 
     # SIGTERM (what Kubernetes sends): the sidecar and its helper end within the bound.
@@ -210,6 +195,7 @@ def test_sidecar_in_a_pid_namespace(pod: tuple[Pod, OtlpSink, FakeNvml]) -> None
     assert not alive
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("args", "env", "line"),
     [
@@ -231,12 +217,13 @@ def test_bad_sidecar_settings_are_one_line_and_exit_2(
 ) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "otel_gpu.cli", "sidecar", "--exporter", "none", *args],
-        capture_output=True, text=True, timeout=60, env=_env(**env),
+        capture_output=True, text=True, timeout=60, env=clean_env(**env),
     )  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [line]
 
 
+@pytest.mark.process
 def test_sidecar_records_what_it_sampled_and_analyze_replays_it(tmp_path: Path) -> None:
     # A server process with a name of its own, so --match finds it and nothing else.
     exe = tmp_path / "otelgpu-rec-server"
@@ -249,9 +236,9 @@ def test_sidecar_records_what_it_sampled_and_analyze_replays_it(tmp_path: Path) 
             [sys.executable, "-m", "otel_gpu.cli", "sidecar", "--match", "otelgpu-rec-server",
              "--simulate", "leak", "--interval", "0.2", "--exporter", "none",
              "--record", str(record), "--summary-json", str(summary)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
         )  # fmt: skip
-        _until("rows recorded", lambda: record.exists() and record.stat().st_size > 2000, 60)
+        wait_until("rows recorded", lambda: record.exists() and record.stat().st_size > 2000, 60)
         side.send_signal(signal.SIGTERM)
         out, err = side.communicate(timeout=30)
     finally:
@@ -266,7 +253,7 @@ def test_sidecar_records_what_it_sampled_and_analyze_replays_it(tmp_path: Path) 
     assert any(s.startswith(f"process:{server.pid}@") for s in subjects)
     replay = subprocess.run(
         [sys.executable, "-m", "otel_gpu.cli", "analyze", str(record)],
-        capture_output=True, text=True, timeout=60, env=_env(),
+        capture_output=True, text=True, timeout=60, env=clean_env(),
     )  # fmt: skip
     assert replay.returncode == 0, replay.stderr
     assert f"{len(rows)} samples" in replay.stderr

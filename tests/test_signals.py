@@ -30,7 +30,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics._internal.point import Gauge, Sum
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricsData
-from test_breaker_conditions import _leak_snapshots
+from support.snapshots import leak_snapshots
 
 from otel_gpu.actions.span_event import alert_attributes
 from otel_gpu.agent import instruments as metrics
@@ -263,6 +263,7 @@ def exported() -> Exported:
     return _everything_exported()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("name", sorted(ROUTES))
 def test_every_route_names_an_exported_instrument_with_its_unit_and_kind(
     name: str, exported: Exported
@@ -271,6 +272,7 @@ def test_every_route_names_an_exported_instrument_with_its_unit_and_kind(
     assert exported.get(name) == (declared.unit, declared.kind)
 
 
+@pytest.mark.unit
 def test_everything_exported_is_declared_once_with_its_unit_and_kind(exported: Exported) -> None:
     declared = {s.name: (s.unit, s.kind) for s in signals.SIGNALS}
     assert len(declared) == len(signals.SIGNALS)  # no name declared twice
@@ -278,6 +280,7 @@ def test_everything_exported_is_declared_once_with_its_unit_and_kind(exported: E
     assert exported == {n: v for n, v in declared.items() if n not in outputs_}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("field", [*NUMERIC_FIELDS, "procs", "phase"])
 def test_every_point_field_is_fed_by_a_signal(field: str) -> None:
     fed = [f for f in signals.FEEDS if f.field == field]
@@ -285,6 +288,7 @@ def test_every_point_field_is_fed_by_a_signal(field: str) -> None:
     assert all(f.signal in signals.SIGNALS for f in fed)
 
 
+@pytest.mark.unit
 def test_feeds_name_point_fields_and_attribute_values_the_agent_exports() -> None:
     point_fields = {f.name for f in dataclasses.fields(Point)}
     for feed in signals.FEEDS:
@@ -335,6 +339,7 @@ SPARSE = {"used_bytes": GIB}  # the rest unknown (None), never 0
 ON_GPU = (GpuProcessSample(pid=7, gpu_uuid=UUID, used_memory=7 * GIB),)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("gpu", "on_gpu", "gpu_point", "process_point"),
     [
@@ -395,11 +400,12 @@ def _processor_points(snap: Snapshot) -> dict[tuple[str, str | None, int | None]
 OUTPUTS = {s.name: (s.unit, s.kind) for s in signals.DETECTOR_OUTPUTS}
 
 
+@pytest.mark.unit
 def test_the_agent_exports_exactly_the_declared_detector_outputs() -> None:
     reader = InMemoryMetricReader()
     wd = Watchdog(Engine(), Breaker(BreakerConfig()))
     wd.register_instruments(MeterProvider(metric_readers=[reader]).get_meter("t"))
-    for snap in _leak_snapshots(0.0, 5, lambda t: 600e6 / 3600):
+    for snap in leak_snapshots(0.0, 5, lambda t: 600e6 / 3600):
         wd.on_snapshot(snap)
     assert any(a.kind == LEAK for a in wd.alerts)
     assert _exported(reader.get_metrics_data()) == OUTPUTS
@@ -409,6 +415,7 @@ ALERT = Alert(LEAK, "gpu:G", 10.0, "warning", "leaks", 1e3, 60.0, 600.0, 0.9, {"
 SUBJECT = outputs.SubjectOutput((("host.name", "n1"),), (("hw.id", "G"),))
 
 
+@pytest.mark.unit
 def test_the_processor_exports_exactly_the_declared_detector_outputs() -> None:
     values = outputs.DetectorValues(SUBJECT, 2, 1e3, 60.0, {LEAK: 1})
     req = ExportMetricsServiceRequest.FromString(outputs.metrics_request([values], 0, 10))
@@ -428,6 +435,7 @@ def _undeclared(keys: set[str]) -> set[str]:
     return {k for k in keys if k not in CONTRACT_KEYS and not k.startswith(signals.ALERT_EVIDENCE)}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "record_keys",
     [
@@ -476,6 +484,7 @@ def _readme_rows() -> dict[str, tuple[str, str]]:
     return rows
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("signal", signals.SIGNALS, ids=lambda s: s.name)
 def test_the_readme_documents_every_signal_with_its_unit_and_kind(signal: signals.Signal) -> None:
     assert _readme_rows().get(signal.name) == (signal.unit, signal.kind)

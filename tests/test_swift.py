@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,8 +16,11 @@ from pathlib import Path
 
 import pytest
 import swift  # noqa: F401  (a test dependency: fail, never skip)
-from otlp_sink import OtlpSink
-from tiny_training import offline_env, swift_sft_argv, write_swift_assets
+from support.otlp_sink import OtlpSink
+from support.ports import free_port
+from support.tiny_training import offline_env, swift_sft_argv, write_swift_assets
+
+pytestmark = pytest.mark.peers
 
 BIN = Path(sys.executable).parent
 INSTRUMENT = str(BIN / "opentelemetry-instrument")
@@ -78,12 +80,6 @@ def _stopper_plugin(root: Path) -> Path:
         )
     )
     return plugin
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run(workdir, sink, out: Path, env_extra=None, **sft_overrides):
@@ -156,7 +152,7 @@ def test_swift_sft_two_ranks_one_trace_and_agreed_stop(workdir, tmp_path):
     with OtlpSink() as sink:
         env = {
             "NPROC_PER_NODE": "2",
-            "MASTER_PORT": str(_free_port()),
+            "MASTER_PORT": str(free_port()),
             "OTEL_GPU_STOP": "true",
             "OTEL_GPU_STOP_SYNC_STEPS": "1",
             "PYTHONPATH": os.pathsep.join(

@@ -15,6 +15,8 @@ from otel_gpu.tracing import api, control, phase, progress, request_stop, step
 from otel_gpu.tracing.run import numeric_attributes
 from otel_gpu.tracing.settings import TracingSettings
 
+pytestmark = pytest.mark.unit
+
 SPANS = InMemorySpanExporter()
 
 

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from otlp_sink import OtlpSink
-from tiny_training import offline_env
+from support.otlp_sink import OtlpSink
+from support.tiny_training import offline_env
 
 from otel_gpu.core.errors import UsageError
 from otel_gpu.tracing import context, ids
@@ -25,6 +25,7 @@ PY = sys.executable
 TESTS = str(Path(__file__).parent)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("argv", "env", "role"),
     [
@@ -58,6 +59,7 @@ def test_roles(argv, env, role):
     assert context.decide_role(argv, env) == role
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("argv", "trains"),
     [
@@ -71,10 +73,12 @@ def test_training_commands(argv, trains):
     assert context.is_training_command(argv) is trains
 
 
+@pytest.mark.unit
 def test_explicit_role_wins():
     assert context.decide_role(["python", "/venv/bin/swift"], {}, "node") == "node"
 
 
+@pytest.mark.unit
 def test_settings_errors_name_the_variable():
     with pytest.raises(UsageError, match="OTEL_GPU_ROLE='boss': use one of auto, launcher"):
         TracingSettings.load({"OTEL_GPU_ROLE": "boss"})
@@ -85,6 +89,7 @@ def test_settings_errors_name_the_variable():
     assert TracingSettings.load({}) == TracingSettings()
 
 
+@pytest.mark.unit
 def test_run_context_is_chosen_once_and_joins_an_outer_trace():
     env: dict[str, str] = {}
     first = context.ensure_run_context(env)
@@ -99,6 +104,7 @@ def test_run_context_is_chosen_once_and_joins_an_outer_trace():
     assert context.parse_traceparent("00-zz-01") is None
 
 
+@pytest.mark.unit
 def test_ids_ignore_a_seeded_random_module():
     gen = ids.PresetIdGenerator()
     random.seed(42)
@@ -116,6 +122,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.process
 def test_shutdown_is_bounded_with_the_collector_down(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(
@@ -150,6 +157,7 @@ def test_shutdown_is_bounded_with_the_collector_down(tmp_path):
     assert "not fully flushed" in proc.stderr
 
 
+@pytest.mark.process
 def test_bad_setting_is_one_line_and_the_job_still_runs(tmp_path):
     env = offline_env(OTEL_GPU_ROLE="boss")
     proc = subprocess.run(
@@ -168,6 +176,7 @@ def test_bad_setting_is_one_line_and_the_job_still_runs(tmp_path):
     ]
 
 
+@pytest.mark.process
 def test_settings_are_opentelemetry_instrument_flags():
     out = subprocess.run([INSTRUMENT, "--help"], capture_output=True, text=True, timeout=60).stdout
     for flag in ("--gpu_role", "--gpu_stop", "--gpu_stop_sync_steps", "--gpu_step_spans_every"):
@@ -178,7 +187,7 @@ WORKERS_JOB = """
 import os, sys, time
 sys.path.insert(0, {tests!r})
 from transformers import Trainer
-from tiny_training import TokenDataset, tiny_llama, training_args
+from support.tiny_training import TokenDataset, tiny_llama, training_args
 
 class Slow(TokenDataset):
     def __getitem__(self, i):
@@ -195,6 +204,7 @@ print("DEFAULT_HANDLERS", all(signal.getsignal(s) is signal.SIG_DFL
 """
 
 
+@pytest.mark.peers
 def test_forked_dataloader_workers_add_no_series(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(WORKERS_JOB.format(tests=TESTS))
@@ -224,6 +234,7 @@ def test_forked_dataloader_workers_add_no_series(tmp_path):
     assert max(p.value for p in points if p.metric == "training.step") == 12
 
 
+@pytest.mark.process
 def test_a_process_that_never_trains_reports_no_phase(tmp_path):
     # An inference server or a tool: no training framework imported, so no `load` phase that
     # would hide an idle GPU from the detectors; the node metrics still flow.

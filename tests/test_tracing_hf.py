@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
-from tiny_training import TokenDataset, tiny_llama, training_args
+from support.tiny_training import TokenDataset, tiny_llama, training_args
 
 from otel_gpu.tracing import control, progress
 from otel_gpu.tracing.hf_instrumentor import TransformersInstrumentor
@@ -24,6 +24,8 @@ from otel_gpu.tracing.settings import TracingSettings
 SPANS = InMemorySpanExporter()
 READER = InMemoryMetricReader()
 LOGS = InMemoryLogRecordExporter()
+
+pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(scope="module", autouse=True)

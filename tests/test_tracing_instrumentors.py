@@ -16,6 +16,8 @@ from otel_gpu.tracing.lightning_callback import (
     pytorch_lightning_callbacks,
 )
 
+pytestmark = pytest.mark.unit
+
 CASES = [
     (LightningInstrumentor, "lightning.pytorch.trainer.trainer", ["Trainer.save_checkpoint"]),
     (LightningInstrumentor, "pytorch_lightning.trainer.trainer", ["Trainer.save_checkpoint"]),

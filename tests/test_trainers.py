@@ -7,6 +7,8 @@ import pytest
 from otel_gpu.actions.trainers import Trainers, still_the_same, trainers_of
 from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, ProcessSample, Snapshot
 
+pytestmark = pytest.mark.unit
+
 GPU = (GpuSample(uuid="G", index=0, processes_listed=True),)
 
 

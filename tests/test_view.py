@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pyte
 import pytest
-from test_cli import CLI, _env
+from support.cli import CLI, clean_env
 
 from otel_gpu.core import units
 from otel_gpu.outputs.view import LIVE, OFF, PLAIN, choose_mode
@@ -42,7 +42,7 @@ def run_in_terminal(args: list[str], columns: int, rows: int = 30, **env: str) -
         stdin=follower,
         stdout=follower,
         stderr=follower,
-        env=_env(TERM="xterm-256color", **env),
+        env=clean_env(TERM="xterm-256color", **env),
     )
     os.close(follower)
     out = bytearray()
@@ -77,6 +77,7 @@ def screen(data: bytes, columns: int, rows: int = 30) -> list[str]:
     return [line.rstrip() for line in history + scr.display]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("quiet", "force", "terminal", "mode"),
     [
@@ -91,6 +92,7 @@ def test_mode_follows_the_terminal_and_the_flags(quiet, force, terminal, mode) -
     assert choose_mode(quiet, force, terminal) == mode
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("value", "text"),
     [
@@ -109,6 +111,7 @@ def test_units_are_gib_mib_and_mb_per_hour(value: str, text: str) -> None:
     assert value == text
 
 
+@pytest.mark.process
 def test_terminal_view_is_a_table_redrawn_in_place_within_80_columns() -> None:
     # A wide terminal: the table still keeps to 80 columns.
     data = run_in_terminal([*RUN, "--", sys.executable, "-c", JOB], columns=160)
@@ -136,6 +139,7 @@ def test_terminal_view_is_a_table_redrawn_in_place_within_80_columns() -> None:
     assert "otel-gpu summary" in text
 
 
+@pytest.mark.process
 def test_job_output_scrolls_above_the_view_intact() -> None:
     data = run_in_terminal([*RUN, "--", sys.executable, "-c", CHATTY], columns=80, rows=24)
     lines = screen(data, 80, rows=24)
@@ -145,6 +149,7 @@ def test_job_output_scrolls_above_the_view_intact() -> None:
     assert view > max(lines.index(line) for line in job)
 
 
+@pytest.mark.process
 def test_no_color_keeps_the_live_table_without_colour() -> None:
     data = run_in_terminal([*RUN, "--", sys.executable, "-c", JOB], columns=80, NO_COLOR="1")
     assert not COLOUR.search(data)
@@ -153,15 +158,17 @@ def test_no_color_keeps_the_live_table_without_colour() -> None:
     assert any(re.match(r"GPU0 51a1a7ed\s", line) for line in lines)
 
 
+@pytest.mark.process
 def test_quiet_terminal_shows_only_the_job() -> None:
     data = run_in_terminal([*RUN, "--quiet", "--", sys.executable, "-c", JOB], columns=80)
     assert [line for line in screen(data, 80) if line] == ["job says hi"]
 
 
+@pytest.mark.process
 def test_pipes_get_one_plain_line_per_interval_and_a_clean_stdout() -> None:
     res = subprocess.run(
         [*RUN, "--interval", "1", "--", sys.executable, "-c", JOB], capture_output=True,
-        text=True, timeout=60, env=_env(),
+        text=True, timeout=60, env=clean_env(),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert res.stdout == "job says hi\n"  # the job's stdout, untouched
@@ -178,10 +185,11 @@ def test_pipes_get_one_plain_line_per_interval_and_a_clean_stdout() -> None:
     assert re.search(r" \| python\S* \d+ GPU0 [\d.]+ (GiB|MiB) floor ", status[-1])
 
 
+@pytest.mark.process
 def test_view_flag_forces_the_table_onto_a_pipe() -> None:
     res = subprocess.run(
         [*RUN, "--view", "--", sys.executable, "-c", JOB], capture_output=True, timeout=60,
-        env=_env(),
+        env=clean_env(),
     )  # fmt: skip
     assert res.returncode == 0
     assert res.stdout == b"job says hi\n"
@@ -191,22 +199,24 @@ def test_view_flag_forces_the_table_onto_a_pipe() -> None:
     assert not re.search(rb"^otel-gpu run python up ", plain, re.M)
 
 
+@pytest.mark.process
 def test_quiet_and_view_together_is_a_usage_error() -> None:
     res = subprocess.run(
         [*RUN, "--quiet", "--view", "--", "true"], capture_output=True, text=True, timeout=60,
-        env=_env(),
+        env=clean_env(),
     )  # fmt: skip
     assert res.returncode == 2 and "--quiet and --view" in res.stderr
     assert len(res.stderr.splitlines()) == 1
 
 
+@pytest.mark.process
 def test_watch_shows_the_view_and_the_summary_for_an_attached_tree(tmp_path: Path) -> None:
     job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
     try:
         res = subprocess.run(
             [*CLI, "watch", "--pid", str(job.pid), "--simulate", "steady", "--exporter", "none",
              "--interval", "0.3", "--summary-json", str(tmp_path / "s.json")],
-            capture_output=True, text=True, timeout=60, env=_env(),
+            capture_output=True, text=True, timeout=60, env=clean_env(),
         )  # fmt: skip
     finally:
         job.kill()
@@ -233,6 +243,7 @@ def _full_pipe() -> tuple[int, object]:
     return read_end, os.fdopen(write_end, "w")
 
 
+@pytest.mark.unit
 def test_a_stalled_terminal_blocks_only_the_view_never_the_sampler() -> None:
     from otel_gpu.agent.agent import Agent
     from otel_gpu.agent.settings import Settings

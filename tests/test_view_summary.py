@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_cli import CLI, _env
+from support.cli import CLI, clean_env
 
 from otel_gpu.detect.breaker import Breaker
 from otel_gpu.detect.engine import Engine
@@ -45,6 +45,7 @@ def snapshot(n_procs: int) -> Snapshot:
     )
 
 
+@pytest.mark.unit
 def test_frame_rows_biggest_processes_first_local_pids_and_breaker_states() -> None:
     breaker = Breaker()
     breaker.record_alert(Alert("leak", f"gpu:{U0}", 990.0, "warning", "floor rising"))
@@ -66,6 +67,7 @@ def test_frame_rows_biggest_processes_first_local_pids_and_breaker_states() -> N
     assert "breaker 1 open (GPU0 aaaaaaaa H100 80GB HBM3)" in line
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("slope", "minutes", "expected"),
     [
@@ -89,6 +91,7 @@ def test_floor_trend_is_the_slope_of_the_engines_floor(slope, minutes, expected)
         assert trend.window_s > 600
 
 
+@pytest.mark.unit
 def test_frame_without_detection_says_so() -> None:
     frame = build_frame(Sweep(snapshot(1), [], None, None), started=1000.0)
     assert not frame.detecting and frame.processes[0].trend is None
@@ -100,6 +103,7 @@ def _feed(summary: RunSummary, subject: str, samples: list[tuple[float, float | 
         summary.observe(subject, Point(t, used_bytes=used, limit_bytes=100.0, util=util), "x")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("samples", "busy", "idle", "peak", "final"),
     [
@@ -122,13 +126,14 @@ def test_utilization_profile_peak_and_final(samples, busy, idle, peak, final) ->
     assert list(summary.series) == [f"gpu:{U0}"]
 
 
+@pytest.mark.process
 def test_run_prints_the_summary_and_writes_it_as_json(tmp_path: Path) -> None:
     out = tmp_path / "summary.json"
     res = subprocess.run(
         [*CLI, "run", "--simulate", "leak", "--exporter", "none", "--interval", "0.2",
          "--summary-json", str(out), "--", sys.executable, "-c",
          "import time; time.sleep(2); raise SystemExit(3)"],
-        capture_output=True, text=True, timeout=60, env=_env(),
+        capture_output=True, text=True, timeout=60, env=clean_env(),
     )  # fmt: skip
     assert res.returncode == 3
     data = json.loads(out.read_text())
@@ -149,23 +154,25 @@ def test_run_prints_the_summary_and_writes_it_as_json(tmp_path: Path) -> None:
     assert "GPU0 51a1a7ed Simulated H100 80GB" in summary and "alerts: 0" in summary
 
 
+@pytest.mark.process
 def test_quiet_prints_nothing_but_still_writes_the_json(tmp_path: Path) -> None:
     out = tmp_path / "summary.json"
     res = subprocess.run(
         [*CLI, "run", "--simulate", "steady", "--exporter", "none", "--interval", "0.2",
          "--quiet", "--summary-json", str(out), "--", sys.executable, "-c", "pass"],
-        capture_output=True, text=True, timeout=60, env=_env(),
+        capture_output=True, text=True, timeout=60, env=clean_env(),
     )  # fmt: skip
     assert res.returncode == 0
     assert res.stderr == "" and res.stdout == ""
     assert json.loads(out.read_text())["exit_code"] == 0
 
 
+@pytest.mark.process
 def test_summary_json_in_a_missing_folder_is_refused_up_front(tmp_path: Path) -> None:
     res = subprocess.run(
         [*CLI, "run", "--simulate", "steady", "--exporter", "none", "--summary-json",
          str(tmp_path / "nope" / "s.json"), "--", "true"],
-        capture_output=True, text=True, timeout=60, env=_env(),
+        capture_output=True, text=True, timeout=60, env=clean_env(),
     )  # fmt: skip
     assert res.returncode == 2 and "--summary-json" in res.stderr
     assert len(res.stderr.splitlines()) == 1 and "Traceback" not in res.stderr

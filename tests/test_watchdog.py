@@ -51,6 +51,7 @@ class ManualClock:
         return self.now
 
 
+@pytest.mark.process
 def test_leak_opens_the_breaker_exports_detector_metrics_and_stops_only_the_job(
     trapping_child: tuple[subprocess.Popen, Path],
     tmp_path: Path,
@@ -120,6 +121,7 @@ def test_leak_opens_the_breaker_exports_detector_metrics_and_stops_only_the_job(
         bystander.wait()
 
 
+@pytest.mark.process
 def test_steady_job_raises_nothing_over_hours() -> None:
     clock = ManualClock()
     source = SimulatedSource("steady", clock=clock)
@@ -137,6 +139,7 @@ def test_steady_job_raises_nothing_over_hours() -> None:
         child.wait()
 
 
+@pytest.mark.unit
 def test_only_watched_processes_feed_host_memory_subjects() -> None:
     snap = Snapshot(
         time=10.0,
@@ -149,6 +152,7 @@ def test_only_watched_processes_feed_host_memory_subjects() -> None:
     assert subjects == ["rss:1"]
 
 
+@pytest.mark.unit
 def test_unlisted_gpu_processes_are_unknown_not_zero() -> None:
     """NVML could not list processes (MIG, vGPU, a timeout): the count is unknown, not 0, so
     the detectors don't read it as "memory released" and drop their evidence."""
@@ -159,6 +163,7 @@ def test_unlisted_gpu_processes_are_unknown_not_zero() -> None:
     assert procs == {"gpu:G": 0, "gpu:H": None}
 
 
+@pytest.mark.unit
 def test_stop_targets_are_watched_processes_on_a_gpu_only() -> None:
     """A launcher in the tree without GPU memory and a GPU process outside the tree are never
     stop targets; the trainer (in the tree, on a GPU) is, until it leaves the GPU."""
@@ -196,6 +201,7 @@ def _trainer_sweep(wd: Watchdog, pid: int, start_ticks: int | None) -> None:
     )
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("seen", "now", "verified"),
     [
@@ -218,6 +224,7 @@ def test_a_stop_target_must_have_the_exact_start_tick_the_sweep_saw(
     assert wd.verified_trainers() == ({4242} if verified else set())
 
 
+@pytest.mark.process
 def test_a_reused_pid_is_never_a_stop_target() -> None:
     """The real reader on a real child: the start tick the process tree saw verifies it; one
     tick off (another process under the same PID, started within the same second) does not."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
-from tiny_training import write_swift_assets  # noqa: E402
+from support.tiny_training import write_swift_assets  # noqa: E402
 
 if __name__ == "__main__":
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/tiny-sft")

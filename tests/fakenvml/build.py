@@ -116,7 +116,9 @@ def check_abi(out_dir: str | os.PathLike[str]) -> AbiCheck:
     if proc.returncode != 0:
         return AbiCheck(ran=True, ok=False, header=header, detail=proc.stderr)
     detail = f"fakenvml.c compiles with -Werror against {header}"
-    stamp.write_text(detail)
+    tmp_stamp = stamp.with_name(f".{stamp.name}.{os.getpid()}.tmp")
+    tmp_stamp.write_text(detail)
+    os.replace(tmp_stamp, stamp)  # parallel workers never read half a stamp
     return AbiCheck(ran=True, ok=True, header=header, detail=detail)
 
 

@@ -3,7 +3,7 @@
 :class:`PeerProcess` starts ``argv`` with its output in ``<folder>/<name>.log``, polls
 ``ready_url`` until it answers 200 (failing the test with the log's tail when the process exits
 or the deadline passes), and on exit terminates it, then kills it if it lingers. The peers
-(tests/prometheus_peer.py, tests/phoenix_peer.py) add their own query helpers.
+(tests/support/prometheus_peer.py, tests/support/phoenix_peer.py) add their own query helpers.
 """
 
 from __future__ import annotations

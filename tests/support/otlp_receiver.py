@@ -1,21 +1,12 @@
-"""Real peers for the processor tests (no tests here): a downstream OTLP gRPC receiver, a raw
-gRPC client, a webhook HTTP server, synthetic leak series, and a processor child process."""
+"""A downstream OTLP gRPC receiver that keeps every request, and a raw gRPC client."""
 
 from __future__ import annotations
 
-import os
-import re
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -24,11 +15,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from synth import GIB, agent_request, default_value
 
 from otel_gpu.processor.wire import LOGS_EXPORT, METRICS_EXPORT, TRACE_EXPORT
 
-ROOT = Path(__file__).resolve().parents[1]
 PARSERS = {
     METRICS_EXPORT: ExportMetricsServiceRequest,
     TRACE_EXPORT: ExportTraceServiceRequest,
@@ -141,122 +130,9 @@ def call(
             ch.close()
 
 
-def leak_requests(
-    n: int,
-    *,
-    start_s: float | None = None,
-    step_s: float = 15.0,
-    rate_bytes_per_s: float = 1.33e6,
-    instance: str = "run-1",
-    first: int = 0,
-) -> Iterator[bytes]:
-    """A small agent (1 GPU, 1 process) whose process leaks GPU memory steadily."""
-    t0 = time.time() - 6 * 3600 if start_s is None else start_s
-    for k in range(first, first + n):
-        t = t0 + k * step_s
-
-        def value(metric: str, i: int, extra: dict[str, str], t: float = t) -> float | None:
-            if metric == "process.gpu.memory.usage":
-                return 7 * GIB + (t - t0) * rate_bytes_per_s
-            if metric == "hw.gpu.memory.usage":
-                return 20 * GIB + (t - t0) * rate_bytes_per_s
-            return default_value(metric, i, extra)
-
-        yield agent_request(
-            int(t * 1e9), gpus=1, processes=1, instance=instance, value=value
-        ).SerializeToString()
-
-
-class Webhook:
-    """An HTTP server on 127.0.0.1 that records POST bodies (a generic webhook target)."""
-
-    def __init__(self) -> None:
-        self.bodies: list[bytes] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
-                n = int(self.headers.get("Content-Length", "0"))
-                outer.bodies.append(self.rfile.read(n))
-                self.send_response(200)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook/s3cr3t-path"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class ProcessorProcess:
-    """``otel-gpu processor`` as a child process; waits for its ready line."""
-
-    READY = re.compile(r"listening on ([^\s;]+)")
-
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        # Only the settings the test gives: none leak in from the developer's shell.
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_GPU_")}
-        full_env.update(env or {})
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "otel_gpu.cli", "processor", *args],
-            stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            text=True,
-            env=full_env,
-            cwd=ROOT,
-        )
-        self.lines: list[str] = []
-        self.address = ""
-        ready = threading.Event()
-
-        def read() -> None:
-            assert self.proc.stderr is not None
-            for line in self.proc.stderr:
-                self.lines.append(line)
-                m = self.READY.search(line)
-                if m and not ready.is_set():
-                    self.address = m.group(1)
-                    ready.set()
-            ready.set()
-
-        self._reader = threading.Thread(target=read, daemon=True)
-        self._reader.start()
-        if not ready.wait(30) or not self.address:
-            self.kill()
-            raise AssertionError("processor did not start:\n" + "".join(self.lines))
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def terminate(self, timeout: float = 15.0) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(timeout)
-        self._reader.join(5)
-        return rc
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
-        self._reader.join(5)
-
-
 @contextmanager
 def receiver(delay_s: float = 0.0) -> Iterator[Receiver]:
+    """A :class:`Receiver` for the ``with`` block, closed after it."""
     r = Receiver(delay_s)
     try:
         yield r

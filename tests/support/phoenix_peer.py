@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from peer_process import PeerProcess
-from prometheus_peer import free_port
+
+from support.peer_process import PeerProcess
+from support.ports import free_port
 
 VERSION = "20.26.1"  # as pinned in tests/install-peers.sh
 HOME = Path(

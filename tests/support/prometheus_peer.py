@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import time
 import urllib.parse
 import urllib.request
@@ -16,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from peer_process import PeerProcess
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import ROOT
+from support.peer_process import PeerProcess
+from support.ports import free_port
 
 
 def binary(name: str, package: str) -> str:
@@ -43,12 +43,6 @@ scrape_configs:
   - job_name: otel-gpu-processor
     static_configs: [{{targets: ["{target}"]}}]
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Prometheus:

@@ -214,3 +214,20 @@ def offline_env(**extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+# The watched job: a hand-written training loop run under `opentelemetry-instrument` with
+# OTEL_METRICS_EXPORTER=prometheus (its own /metrics for training.step / training.phase) and
+# its spans over OTLP; an evaluation every 40 steps.
+TRAINING_LOOP = """
+import time
+import otel_gpu
+
+with otel_gpu.phase("train"):
+    for n in range(1, 100_000):
+        otel_gpu.step(n, loss=1.0 / n)
+        time.sleep(0.1)
+        if n % 40 == 0:
+            with otel_gpu.phase("evaluate"):
+                time.sleep(0.5)
+"""
