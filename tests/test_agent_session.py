@@ -35,6 +35,8 @@ from otel_gpu.core.errors import UsageError
 from otel_gpu.outputs.run_outputs import RunOutputs
 from otel_gpu.sampling.procfs import read_stat
 
+pytestmark = pytest.mark.process
+
 # A simulated GPU, nothing exported: the session's order, not the export, is under test.
 SETTINGS = Settings(exporter="none", simulate="steady", interval_s=0.2, detect=False)
 

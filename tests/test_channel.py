@@ -24,6 +24,8 @@ import pytest
 from otel_gpu.core import channel
 from otel_gpu.core.channel import ChannelError, ControlServer, request, socket_path
 
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEM_PYTHON = "/usr/bin/python3"  # an interpreter another user can run (the venv's may not be)
 OTHER_USER = "otelgpu-tenant"

@@ -7,6 +7,8 @@ import pytest
 
 from otel_gpu.core.commandline import python_target
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     ("args", "expected"),

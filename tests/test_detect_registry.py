@@ -11,7 +11,7 @@ import inspect
 import pkgutil
 
 import pytest
-from tracegen import generate
+from support.tracegen import generate
 
 import otel_gpu.detect
 from otel_gpu.detect.detector import Detector
@@ -21,6 +21,8 @@ from otel_gpu.detect.model import Point
 from otel_gpu.detect.settings import DetectConfig
 from otel_gpu.detect.stall import StallDetector
 from otel_gpu.detect.threshold import AnomalyDetector, ThresholdDetector
+
+pytestmark = pytest.mark.unit
 
 LIMIT = 80e9
 

@@ -23,6 +23,8 @@ from otel_gpu.detect.settings import DetectConfig
 from otel_gpu.outputs.summary import RunSummary, diagnosis_record
 from otel_gpu.sampling.snapshot import GpuSample, Snapshot
 
+pytestmark = pytest.mark.unit
+
 GB = 1e9
 FOUND = Diagnosis(
     "memory",

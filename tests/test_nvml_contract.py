@@ -25,6 +25,8 @@ from otel_gpu.sampling.procs import ProcessTree
 from otel_gpu.sampling.sampler import Sampler
 from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, ProcessSample, Snapshot
 
+pytestmark = pytest.mark.process
+
 GIB = 1 << 30
 # A GPU that answers every call the agent makes (not in MIG mode: a MIG GPU has no engine
 # utilization), with an Xid event pending and the watched process on it.

@@ -17,6 +17,8 @@ import pytest
 
 from otel_gpu.core import runtime_dir as rd
 
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[1]
 OTHER_USER = "otelgpu-tenant"
 

@@ -58,6 +58,9 @@ class Collected:
         }
 
 
+pytestmark = pytest.mark.unit
+
+
 def _row(signal: sig.Signal) -> Instrument:
     return next(i for i in instruments.INSTRUMENTS if i.signal == signal)
 

@@ -490,6 +490,7 @@ def test_the_readme_documents_every_signal_with_its_unit_and_kind(signal: signal
     assert _readme_rows().get(signal.name) == (signal.unit, signal.kind)
 
 
+@pytest.mark.unit
 def test_every_metric_row_of_the_readme_is_a_declared_signal() -> None:
     rows = _readme_rows()
     assert len(rows) >= len(signals.SIGNALS)  # the parser found the tables
@@ -501,6 +502,7 @@ def test_every_metric_row_of_the_readme_is_a_declared_signal() -> None:
 PACKAGE = Path(__file__).resolve().parents[1] / "otel_gpu"
 
 
+@pytest.mark.unit
 def test_each_public_name_of_the_contract_is_declared_in_one_module_only() -> None:
     """The package re-exports every family's names: two modules giving one name two values
     would make one of them unreachable as ``signals.NAME``."""
@@ -513,6 +515,7 @@ def test_each_public_name_of_the_contract_is_declared_in_one_module_only() -> No
                 assert getattr(signals, name) is value
 
 
+@pytest.mark.unit
 def test_every_signal_of_a_family_module_is_declared_there() -> None:
     found = [s for family in signals.FAMILIES for s in signals.family_signals(family)]
     assert len(found) == len(set(found)) == len(signals.SIGNALS)  # no family imports another's
@@ -527,6 +530,7 @@ def test_every_signal_of_a_family_module_is_declared_there() -> None:
 MAKERS = re.compile(r"\.create_(observable_\w+|counter|up_down_counter|histogram|gauge)\b")
 
 
+@pytest.mark.unit
 def test_every_instrument_is_made_by_the_contracts_observable() -> None:
     """So each has its declared name, kind and unit, and each reader is guarded (a raising
     reader is logged once per episode, not swallowed, not once per collection)."""
