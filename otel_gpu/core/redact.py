@@ -322,3 +322,15 @@ def command_attribute(
     if mode == COMMAND_EXECUTABLE:
         return program(args)[:max_len]
     return redact_command(args, max_len)
+
+
+_URL_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)?[^/?#@\s]*@")
+_URL_PARAMETER = re.compile(r"([?&;#])([^=&#;\s]*)=([^&#;\s]*)")
+
+
+def mask_url(url: str) -> str:
+    """A URL (or ``host:port``) as an error message may echo it: user-info and the value of
+    every query and fragment parameter masked, whatever their names (an endpoint that carries
+    them at all carries a credential there)."""
+    text = _URL_USERINFO.sub(lambda m: f"{m.group(1) or ''}{MASK}@", url)
+    return _URL_PARAMETER.sub(lambda m: f"{m.group(1)}{m.group(2)}={MASK}", text)

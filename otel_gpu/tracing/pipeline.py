@@ -37,6 +37,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.util._importlib_metadata import entry_points
 
 from otel_gpu.core.errors import UsageError
+from otel_gpu.core.otlp import check_otlp_environment
 from otel_gpu.core.redact import COMMAND_REDACTED
 from otel_gpu.core.redact_sdk import RedactingLogProcessor, redact_resource
 from otel_gpu.core.shutdown import close_all
@@ -138,6 +139,10 @@ def _exporters(signal: str) -> list[Any]:
         if name.lower() == "none":
             continue
         group = f"opentelemetry_{signal}_exporter"
+        if name.lower() == "otlp":
+            # A malformed header list would be logged in full by the SDK and the exports would
+            # go without it: refused here (one line, masked), telemetry off in this process.
+            check_otlp_environment(os.environ)
         found = list(entry_points(group=group, name=exporter_entry_point(name, signal)))
         if not found:
             installed = sorted({"otlp", *entry_points(group=group).names})
