@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from otel_gpu.core import units
+from otel_gpu.core.printable import printable
 from otel_gpu.core.redact import redact_value
 from otel_gpu.detect.breaker import Transition
 from otel_gpu.detect.engine import Engine
@@ -192,7 +193,7 @@ def render(data: dict[str, Any], console: Console) -> None:
         if "busy_fraction" in s:
             profile = f"{units.fraction(s['busy_fraction'])}/{units.fraction(s['idle_fraction'])}"
         rows.add_row(
-            s["label"],
+            printable(s["label"]),
             units.memory(s["peak_bytes"]),
             units.memory(s["final_bytes"]),
             units.rate(s["floor_rate_bytes_per_s"]),
@@ -202,12 +203,13 @@ def render(data: dict[str, Any], console: Console) -> None:
     alerts = data["alerts"]
     lines.append(Text(f"alerts: {len(alerts) + data.get('alerts_not_listed', 0)}"))
     for a in alerts[:5]:
-        lines.append(Text(f"  {a['kind']} {a['label']}: {a['message']}", style="yellow"))
+        what = printable(f"  {a['kind']} {a['label']}: {a['message']}")
+        lines.append(Text(what, style="yellow"))
         found = a.get("diagnosis") or {}
         for line in (found.get("lines") or [])[:3]:
-            lines.append(Text(f"    {line}"))
+            lines.append(Text(printable(f"    {line}")))
         if found and not found.get("lines") and found.get("error"):
-            lines.append(Text(f"    no diagnosis: {found['error']}", style="dim"))
+            lines.append(Text(printable(f"    no diagnosis: {found['error']}"), style="dim"))
     if len(alerts) > 5:
         lines.append(Text(f"  ... {len(alerts) - 5} more (see --summary-json)", style="dim"))
     acts = data.get("actions") or {}
