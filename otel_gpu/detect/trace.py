@@ -8,7 +8,8 @@ and CRLF line ends (files saved by spreadsheet programs) are accepted.
 
 A recording (``otel-gpu run --record FILE``) is the same format in long form: a ``subject``
 column names the series of each row (``gpu:<uuid>``, ``process:<pid>@<uuid>``, ...), and each
-subject is judged on its own points, in file order; ``label`` holds a human name.
+subject is judged on its own points, in file order; ``label`` holds a human name. A text cell
+that a spreadsheet would run as a formula is written behind a ``'`` (:func:`text_cell`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,24 @@ REQUIRED = ("time_s", "used_bytes", "limit_bytes")
 # Every column a detector reads (NUMERIC_FIELDS starts with used_bytes, limit_bytes), and a
 # recording's subject and label.
 COLUMNS = ("time_s", *NUMERIC_FIELDS, "procs", "phase", "subject", "label")
+
+
+# A spreadsheet runs a cell starting with one of these as a formula ("=cmd|' /C calc'!A0", a
+# process or phase name anyone can choose); such a text cell is written behind a "'", which
+# spreadsheets show as text and readers here take off again. A cell that starts with "'" gets
+# one more, so every text reads back exactly.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "'")
+
+
+def text_cell(text: str) -> str:
+    """A text value (subject, label, phase) as a recording writes it: never a formula."""
+    return "'" + text if text.lstrip(" ").startswith(_FORMULA_START) else text
+
+
+def read_text_cell(cell: str) -> str:
+    """What :func:`text_cell` wrote, back (blanks around it trimmed)."""
+    text = cell.strip()
+    return text[1:] if text.startswith("'") else text
 
 
 class TraceError(UsageError):
@@ -131,9 +150,9 @@ def _parse(
                 raise TraceError(f"{name}:{line}: procs {row[i_procs]!r} is not an integer")
             values["procs"] = None if procs is None else int(procs)
         if i_phase is not None:
-            values["phase"] = row[i_phase].strip() or None
-        subject = row[i_subject].strip() or None if i_subject is not None else None
-        label = row[i_label].strip() or None if i_label is not None else None
+            values["phase"] = read_text_cell(row[i_phase]) or None
+        subject = read_text_cell(row[i_subject]) or None if i_subject is not None else None
+        label = read_text_cell(row[i_label]) or None if i_label is not None else None
         points.append(Row(subject, label, point(t, values)))
     return points
 
