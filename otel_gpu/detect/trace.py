@@ -17,7 +17,7 @@ from __future__ import annotations
 import csv
 import math
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
@@ -77,7 +77,20 @@ def read_rows(
     stream: TextIO | None = None,
     on_unknown: Callable[[list[str]], None] | None = None,
 ) -> list[Row]:
-    """All rows of a CSV trace or recording, validated. Raises TraceError on the first problem.
+    """All rows of a CSV trace or recording, validated (see :func:`iter_rows`), in memory:
+    for what needs them all at once (a report's plots)."""
+    return list(iter_rows(path, stream=stream, on_unknown=on_unknown))
+
+
+def iter_rows(
+    path: str | os.PathLike[str],
+    *,
+    stream: TextIO | None = None,
+    on_unknown: Callable[[list[str]], None] | None = None,
+) -> Iterator[Row]:
+    """The rows of a CSV trace or recording, validated, one at a time as the file is read:
+    memory stays flat whatever the file's size. Raises TraceError at the first problem (the
+    rows before it have been yielded).
 
     ``stream``: read this instead of opening ``path`` (which then only names it, e.g. stdin).
     ``on_unknown`` gets the header's columns that no detector reads.
@@ -85,10 +98,11 @@ def read_rows(
     name = os.fspath(path)
     try:
         if stream is not None:
-            return _parse(name, stream, on_unknown)
+            yield from _parse(name, stream, on_unknown)
+            return
         # utf-8-sig: a byte-order mark would otherwise glue itself to the first column name.
         with open(name, newline="", encoding="utf-8-sig") as fh:
-            return _parse(name, fh, on_unknown)
+            yield from _parse(name, fh, on_unknown)
     except FileNotFoundError:
         raise TraceError(f"{name}: no such file") from None
     except IsADirectoryError:
@@ -103,7 +117,7 @@ def read_rows(
 
 def _parse(
     name: str, lines: Iterable[str], on_unknown: Callable[[list[str]], None] | None
-) -> list[Row]:
+) -> Iterator[Row]:
     reader = csv.reader(lines)
     header = next(reader, None)
     if not header:
@@ -127,7 +141,6 @@ def _parse(
     i_phase = index.get("phase")
     i_subject = index.get("subject")
     i_label = index.get("label")
-    points: list[Row] = []
     last = -math.inf
     for row in reader:
         line = reader.line_num
@@ -153,8 +166,7 @@ def _parse(
             values["phase"] = read_text_cell(row[i_phase]) or None
         subject = read_text_cell(row[i_subject]) or None if i_subject is not None else None
         label = read_text_cell(row[i_label]) or None if i_label is not None else None
-        points.append(Row(subject, label, point(t, values)))
-    return points
+        yield Row(subject, label, point(t, values))
 
 
 def _number(name: str, line: int, col: str, text: str) -> float | None:
@@ -178,17 +190,24 @@ def subject_for(path: str | os.PathLike[str]) -> str:
 def replay_rows(engine: Engine, default_subject: str, rows: Iterable[Row]) -> list[Alert]:
     """Feed each row to its subject (``default_subject`` where it names none), in order; all
     alerts raised, then every subject is forgotten."""
-    alerts: list[Alert] = []
+    return [alert for _row, alert in replay_iter(engine, default_subject, rows)]
+
+
+def replay_iter(
+    engine: Engine, default_subject: str, rows: Iterable[Row]
+) -> Iterator[tuple[Row, Alert]]:
+    """:func:`replay_rows` as the rows come: each alert with the row that raised it, as soon
+    as it is raised; every subject is forgotten at the end (or when the rows fail)."""
     seen: set[str] = set()
     try:
         for row in rows:
             subject = row.subject or default_subject
             seen.add(subject)
-            alerts.extend(engine.observe(subject, row.point))
+            for alert in engine.observe(subject, row.point):
+                yield row, alert
     finally:
         for subject in seen:
             engine.forget(subject)
-    return alerts
 
 
 def replay(engine: Engine, subject: str, points: Iterable[Point]) -> list[Alert]:
