@@ -83,8 +83,8 @@ def build(
     )
     for exporter in _exporters("traces"):
         tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
-    # `prometheus` (opentelemetry-exporter-prometheus) is a reader serving /metrics itself; its
-    # HTTP thread does not survive fork(), so a forked worker exports nothing through it.
+    # `prometheus` is a reader serving /metrics itself (core/prometheus.py); its HTTP thread
+    # does not survive fork(), so a forked worker exports nothing through it.
     readers: list[MetricReader] = [
         exporter
         if isinstance(exporter, MetricReader)
@@ -139,6 +139,14 @@ def _exporters(signal: str) -> list[Any]:
         if name.lower() == "none":
             continue
         group = f"opentelemetry_{signal}_exporter"
+        if signal == "metrics" and name.lower() == "prometheus":
+            # Not the SDK's reader: it serves on prometheus_client's server, a thread per
+            # connection with no timeout, and a client that resets prints a traceback on the
+            # job's terminal each time. The agent's bounded endpoint reads the same variables.
+            from otel_gpu.core.prometheus import ScrapeEndpoint  # only when asked: ~30 ms
+
+            out.append(ScrapeEndpoint.from_env(os.environ))
+            continue
         if name.lower() == "otlp":
             # A malformed header list would be logged in full by the SDK and the exports would
             # go without it: refused here (one line, masked), telemetry off in this process.
