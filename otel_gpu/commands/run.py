@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
     code: int | None = None
     try:
         try:
-            job.append(subprocess.Popen(cmd, start_new_session=True, env=env))
+            started, job_pid = start_guarded(cmd, env)
+            job.append(started)
         except OSError as exc:
             raise UsageError(f"cannot start {cmd[0]!r}: {exc.strerror}") from None
         for signum in early:
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
             agent = Agent(
                 settings,
                 meter_provider=provider,
-                roots=[job[0].pid],
+                roots=[job_pid],
                 visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                 export_health=endpoints.export_health,
                 detection=detection,
@@ -145,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
             outputs.attach(agent.sampler, agent.watchdog)
             agent.start()
             endpoints.attach(agent)
-            outputs.start(os.path.basename(cmd[0]), job[0].pid, settings)
+            outputs.start(os.path.basename(cmd[0]), job_pid, settings)
         except Exception as exc:  # the job runs on, unwatched, rather than being harmed
             log.warning("the agent failed to start (%s); %s runs on unwatched", exc, cmd[0])
             endpoints.agent_failed(str(exc))
@@ -177,6 +178,41 @@ def shared_identity(env: dict[str, str], service_name: str) -> dict[str, str]:
     if service_name != given_service_name(env):
         env[SERVICE_NAME_ENV] = service_name
     return env
+
+
+def start_guarded(cmd: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+    """Start the job in a session of its own, under its guard (agent/job_guard.py), so that it
+    dies with this process however this process dies (SIGKILL included): the guard's process
+    (to wait for and to signal as the group) and the job's own PID (to watch and show). This
+    process holds the only write end of the guard's pipe for as long as it lives."""
+    from otel_gpu.agent import job_guard
+
+    if not job_guard.available():
+        child = subprocess.Popen(cmd, start_new_session=True, env=env)
+        return child, child.pid
+    read_fd, write_fd = os.pipe()  # non-inheritable: no other child keeps the write end open
+    pid_read, pid_write = os.pipe()
+    try:
+        child = subprocess.Popen(
+            job_guard.guarded(cmd, read_fd, pid_write),
+            start_new_session=True,
+            env=env,
+            pass_fds=(read_fd, pid_write),
+        )
+    except BaseException:
+        os.close(write_fd)
+        os.close(pid_read)
+        raise
+    finally:
+        os.close(read_fd)
+        os.close(pid_write)
+    _GUARD_PIPES.append(write_fd)  # closed by the kernel when this process ends, not before
+    with os.fdopen(pid_read, "rb") as reply:  # EOF at once if the guard dies first
+        text = reply.readline().strip()
+    return child, int(text) if text.isdigit() else child.pid
+
+
+_GUARD_PIPES: list[int] = []
 
 
 def wait_child(child: subprocess.Popen) -> int:
