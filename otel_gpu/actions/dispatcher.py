@@ -199,6 +199,14 @@ class ActionDispatcher:
         if self._stopper is None or t.alert.kind not in self._stop_kinds:
             return
         key = (t.subject, t.episode)
+        refused = self._stopper.refusal(t.alert)
+        if refused is not None:
+            log.warning(
+                "not stopping the job for %s on %s: %s", t.alert.kind, printable(t.subject), refused
+            )
+            with self._cv:
+                self._outbox.stats.stops_refused += 1
+            return
         with self._cv:
             if key in self._stopped_episodes:
                 return  # once per episode

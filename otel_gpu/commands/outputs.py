@@ -132,6 +132,7 @@ class RunOutputs:
             "notifications_failed": stats.failed,
             "notifications_dropped": stats.dropped + stats.abandoned,
             "stops_requested": stats.stops,
+            "stops_refused": stats.stops_refused,
         }
 
 

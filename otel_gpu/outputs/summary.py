@@ -219,6 +219,11 @@ def render(data: dict[str, Any], console: Console) -> None:
                 f"actions: {acts.get('notifications_delivered', 0)} notifications sent, "
                 f"{acts.get('notifications_failed', 0)} failed, "
                 f"stop requested {acts.get('stops_requested', 0)} times"
+                + (
+                    f", refused {acts['stops_refused']} times (not the job's own problem)"
+                    if acts.get("stops_refused")
+                    else ""
+                )
             )
         )
     console.print(Group(*lines))
