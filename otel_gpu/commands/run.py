@@ -151,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
             log.warning("the agent failed to start (%s); %s runs on unwatched", exc, cmd[0])
             endpoints.agent_failed(str(exc))
         code = wait_child(job[0])
+        if agent is not None:  # processes it started that still hold a GPU: said, alerted
+            outputs.job_exited(job_pid, settings.interval_s + 2.0)
     finally:
         # The job is gone: Ctrl-C interrupts otel-gpu's own shutdown again.
         for sig, handler in previous.items():

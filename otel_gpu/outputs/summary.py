@@ -74,6 +74,8 @@ class RunSummary:
     alerts: list[Alert] = field(default_factory=list)
     alerts_dropped: int = 0
     transitions: list[Transition] = field(default_factory=list)
+    # GPU processes the job started that outlived it (agent/leftovers.py), set at its end.
+    leftovers: list[dict[str, Any]] = field(default_factory=list)
 
     def observe(self, subject: str, point: Point, label: str | None = None) -> None:
         """One point as the engine saw it (``rss:`` subjects are host memory: not summarised;
@@ -157,6 +159,7 @@ class RunSummary:
                 for t in self.transitions
             ],
             "actions": actions or {},
+            "leftovers": list(self.leftovers),
         }
 
     def _label(self, subject: str) -> str:
@@ -212,6 +215,17 @@ def render(data: dict[str, Any], console: Console) -> None:
             lines.append(Text(printable(f"    no diagnosis: {found['error']}"), style="dim"))
     if len(alerts) > 5:
         lines.append(Text(f"  ... {len(alerts) - 5} more (see --summary-json)", style="dim"))
+    for left in data.get("leftovers") or ():
+        held = "" if left.get("used_bytes") is None else f" {units.memory(left['used_bytes'])}"
+        lines.append(
+            Text(
+                printable(
+                    f"still running after the job: {left['name']} (PID {left['pid']}) holds"
+                    f"{held} on {left['gpu']}; it was started by the job, end it to free the GPU"
+                ),
+                style="bold yellow",
+            )
+        )
     acts = data.get("actions") or {}
     if acts:
         lines.append(

@@ -121,6 +121,8 @@ def main() -> int:
         for line in sys.stdin:
             if line.strip() == "stop":
                 break
+            if line.strip() == "sweep":  # the agent wants a sweep now (the job just ended)
+                sampler.wake()
         stop.set()  # end of stdin: the agent is gone or asked us to stop
         sampler.wake()
 
