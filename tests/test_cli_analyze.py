@@ -75,3 +75,33 @@ def test_each_file_gets_a_one_line_summary_on_stderr(tmp_path: Path) -> None:
     assert summaries[0].startswith(f"otel-gpu: {STALL}: {n_stall} samples, ")
     assert summaries[0].endswith(f"{len(alerts)} alert" + ("s" if len(alerts) != 1 else ""))
     assert summaries[1] == f"otel-gpu: {head}: 2 samples, 0..7200 s (2.00 h), 0 alerts"
+
+
+def test_a_file_is_streamed_alerts_come_before_its_end() -> None:
+    """A trace on a pipe that stays open: the alert is printed while the file is still being
+    read, so analyze holds one row at a time, not the whole file (10 M rows once took 4.2 GB;
+    benchmarks/bench_analyze_memory.py measures it flat)."""
+    import select
+    import time
+
+    lines = STALL.read_text().splitlines(keepends=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "otel_gpu.cli", "analyze", "-"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write("".join(lines).encode())
+        proc.stdin.flush()  # every row is written; the file has not ended
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        assert ready, "no alert before the end of the file"
+        alert = json.loads(proc.stdout.readline())
+        assert alert["kind"] == "stall" and proc.poll() is None
+        time.sleep(0.2)
+        proc.stdin.write(lines[-1].encode())  # the file goes on after the alert
+        proc.stdin.close()
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -117,3 +117,55 @@ def test_a_stalled_disk_drops_whole_sweeps_and_never_blocks_the_sampler() -> Non
     assert recorder.dropped_sweeps >= 1000 - 256 - 1
     recorder.close(timeout_s=0.2)  # bounded although the writer is stuck
     os.close(read_end)
+
+
+FORMULA = "=cmd|' -C calc'!A0"  # what a spreadsheet would run, as a program's file name
+
+
+@pytest.mark.process
+def test_a_formula_in_a_name_is_written_as_text_and_read_back_exactly(tmp_path: Path) -> None:
+    import csv
+    import shutil
+
+    program = tmp_path / FORMULA
+    sleep = shutil.which("sleep")
+    assert sleep is not None
+    shutil.copy(sleep, program)
+    recording = tmp_path / "run.csv"
+    res = subprocess.run(
+        [*CLI, "run", "--quiet", "--simulate", "steady", "--exporter", "none", "--interval", "0.2",
+         "--record", str(recording), "--", str(program), "1.5"],
+        capture_output=True, text=True, timeout=60, env=clean_env(OTEL_GPU_LOCK_DIR=str(tmp_path)),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    with recording.open(newline="") as fh:
+        cells = [cell for row in csv.reader(fh) for cell in row]
+    # No cell starts as a formula, numbers included (none is negative here).
+    assert not [c for c in cells if c[:1] in ("=", "+", "-", "@", "\t", "\r")]
+    assert any(c.startswith("'" + FORMULA) for c in cells)
+    labels = {row.label for row in read_rows(recording) if row.label}
+    assert any(label.startswith(FORMULA + " ") for label in labels)  # exactly the name
+    analyzed = subprocess.run(
+        [*CLI, "analyze", str(recording)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(),
+    )
+    assert analyzed.returncode == 0, analyzed.stderr
+
+
+@pytest.mark.process
+def test_every_text_round_trips_and_none_is_a_formula(tmp_path: Path) -> None:
+    import csv
+
+    from otel_gpu.detect.trace import read_text_cell, text_cell
+
+    texts = ["=1+1", "+1", "-2", "@SUM(A1)", "'=x", "'", "''a", "\tx", "plain", "a=b", " =x"]
+    path = tmp_path / "cells.csv"
+    with path.open("w", newline="") as fh:
+        csv.writer(fh).writerows([[text_cell(t)] for t in texts])
+    with path.open(newline="") as fh:
+        written = [row[0] for row in csv.reader(fh)]
+    assert not [c for c in written if c.lstrip(" ")[:1] in ("=", "+", "-", "@", "\t", "\r")]
+    assert [read_text_cell(c) for c in written] == texts

@@ -35,6 +35,12 @@ JWT = "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJ
 GOOGLE = "AIza" + "SyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q"
 RANDOM = "q7Zr2Lx9Kp4Vt8Wm3Ny6Bd1F"  # 24 random base62 characters, no known prefix
 SHA = "7ae557604adf67be50417f59c2c2f167def9a775"
+WANDB = "5d8a1f0c93b2e7a64f10c8d2b9e3a7f1c6d4e2b0"  # a W&B API key: 40 hex characters
+HONEYCOMB = "aF3kq9ZpLm2Xw7RtYb4Ncd"  # a Honeycomb ingest key: 22 characters
+BEARER20 = "3f9a0c7e1b5d8f2a6c4e"  # an opaque 20-character token after a bare "Bearer"
+PEM_LINES = ("MIIEvQIBADANBgkqhkiG9w0BAQEFAASC", "BKcwggSjAgEAAoIB/AQC7p9+x")
+PEM = "-----BEGIN PRIVATE KEY-----\n" + "\n".join(PEM_LINES) + "\n-----END PRIVATE KEY-----"
+PEM_SHOWN = "-----BEGIN PRIVATE KEY-----***-----END PRIVATE KEY-----"
 
 P = ["python", "train.py"]  # the program every row starts with (it must survive)
 
@@ -114,6 +120,29 @@ CORPUS: list[tuple[list[str], str]] = [
     (["--opaque", RANDOM], "--opaque ***"),
     (["--cfg=x:" + RANDOM], "--cfg=x:***"),
     (["--q=Bearer%20" + HF], "--q=Bearer%20hf_***"),
+    # numbered or versioned flags, a flag written like a header, vendor header names
+    (["--api_key2", "numbered-secret"], "--api_key2 ***"),
+    (["--hf_token_1", "numbered-secret"], "--hf_token_1 ***"),
+    (["--token-v2", "numbered-secret"], "--token-v2 ***"),
+    (["--api-key:", "colon-secret"], "--api-key: ***"),
+    (["--api-key:colon-secret"], "--api-key:***"),
+    (
+        ["OTEL_EXPORTER_OTLP_HEADERS=x-honeycomb-team=" + HONEYCOMB],
+        "OTEL_EXPORTER_OTLP_HEADERS=x-honeycomb-team=***",
+    ),
+    (["--sentry_dsn", "dsn-secret"], "--sentry_dsn ***"),
+    # a tool's login key, an OAuth fragment, a bare Bearer, a PEM body
+    (["wandb", "login", WANDB], "wandb login ***"),
+    (
+        ["wandb", "login", "--relogin", "--host", "https://w.example.com", WANDB],
+        "wandb login --relogin --host https://w.example.com ***",
+    ),
+    (
+        ["https://idp.example.com/cb#access_token=frag-secret&token_type=bearer"],
+        "https://idp.example.com/cb#access_token=***&token_type=bearer",
+    ),
+    (["Bearer", BEARER20], "Bearer ***"),
+    (["-c", f"KEY = '{PEM}'"], f"-c KEY = '{PEM_SHOWN}'"),
     # ordinary arguments survive (negative rows)
     (["--lr", "3e-4", "--max_steps", "10"], "--lr 3e-4 --max_steps 10"),
     (["--output_dir", "/tmp/x"], "--output_dir /tmp/x"),
@@ -150,6 +179,11 @@ CORPUS: list[tuple[list[str], str]] = [
     (["--dataset", "HuggingFaceH4/ultrachat_200k"], "--dataset HuggingFaceH4/ultrachat_200k"),
     (["--task-abcdefghijklmnopqrstuvwxyz"], "--task-abcdefghijklmnopqrstuvwxyz"),
     (
+        ["--dataset-v2", "alpaca", "--max_new_tokens_2", "64"],
+        "--dataset-v2 alpaca --max_new_tokens_2 64",
+    ),
+    (["login", WANDB], f"login {WANDB}"),  # hex after no tool that takes its key that way
+    (
         ["-u", "1000:1000", "--per_device_train_batch_size", "2"],
         "-u 1000:1000 --per_device_train_batch_size 2",
     ),
@@ -158,6 +192,8 @@ CORPUS: list[tuple[list[str], str]] = [
 SECRETS = [
     HF, GHP, GH_FINE, OPENAI, OPENAI_OLD, ANTHROPIC, SLACK, AWS_ID, AWS_SECRET, GITLAB, JWT,
     GOOGLE, RANDOM, "hunter2", "s3cr3t", "pw123", "dXNlcjpwdw==", "abc.def",
+    "numbered-secret", "colon-secret", "dsn-secret", "frag-secret", HONEYCOMB, BEARER20,
+    *PEM_LINES,
 ]  # fmt: skip
 
 
@@ -194,6 +230,11 @@ def test_free_text_keeps_its_whitespace_and_masks_split_headers() -> None:
     )
 
 
+def test_a_pem_block_in_free_text_is_masked_across_its_lines() -> None:
+    text = f"loaded {PEM}\nthen\n-----BEGIN RSA PRIVATE KEY-----\n{PEM_LINES[0]}"  # cut short
+    assert redact_text(text) == (f"loaded {PEM_SHOWN}\nthen\n-----BEGIN RSA PRIVATE KEY-----***")
+
+
 @pytest.mark.parametrize(
     ("name", "secret"),
     [
@@ -201,7 +242,9 @@ def test_free_text_keeps_its_whitespace_and_masks_split_headers() -> None:
         ("AWS_SECRET_ACCESS_KEY", True), ("db-pass", True), ("Authorization", True),
         ("Proxy-Authorization", True), ("Set-Cookie", True), ("sessionToken", True),
         ("oauth", True), ("GOOGLE_APPLICATION_CREDENTIALS", True), ("passphrase", True),
-        ("api_key_b64", True), ("tokenizer_name", False), ("max_tokens", False),
+        ("api_key_b64", True), ("api_key2", True), ("hf_token_1", True), ("tokenV2", True),
+        ("x-honeycomb-team", True), ("SENTRY_DSN", True), ("dataset_v2", False),
+        ("tokenizer_name", False), ("max_tokens", False),
         ("token_file", False), ("secret_name", False), ("num_key_value_heads", False),
         ("pad_token", False), ("eos_token", False), ("input_key", False), ("label_key", False),
         ("author", False), ("bypass", False), ("num_passes", False), ("session_dir", False),

@@ -106,6 +106,52 @@ def test_process_command_of_a_real_child_in_each_mode(
     assert not any(s in str(attrs) for s in SECRETS)
 
 
+# Shapes that leaked in full through this path (issue 18, item 17): argv after the script,
+# what process.command shows, and the secrets it held.
+WANDB = "5d8a1f0c93b2e7a64f10c8d2b9e3a7f1c6d4e2b0"
+HONEYCOMB = "aF3kq9ZpLm2Xw7RtYb4Ncd"
+PEM_BODY = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC\nBKcwggSjAgEAAoIB/AQC7p9+x\n"
+SHAPES = [
+    (["--api_key2", "numbered-1"], "--api_key2 ***", "numbered-1"),
+    (["--hf_token_1", "numbered-2"], "--hf_token_1 ***", "numbered-2"),
+    (["--token-v2", "numbered-3"], "--token-v2 ***", "numbered-3"),
+    (["--api-key:", "colon-secret"], "--api-key: ***", "colon-secret"),
+    (["wandb", "login", WANDB], "wandb login ***", WANDB),
+    (["https://idp.example.com/cb#access_token=frag-secret&x=1"],
+     "https://idp.example.com/cb#access_token=***&x=1", "frag-secret"),
+    (["x-honeycomb-team=" + HONEYCOMB], "x-honeycomb-team=***", HONEYCOMB),
+    (["Bearer", "3f9a0c7e1b5d8f2a6c4e"], "Bearer ***", "3f9a0c7e1b5d8f2a6c4e"),
+    (["--x", f"-----BEGIN PRIVATE KEY-----\n{PEM_BODY}-----END PRIVATE KEY-----"],
+     "--x -----BEGIN PRIVATE KEY-----***-----END PRIVATE KEY-----", "BKcwggSjAgEAAoIB"),
+]  # fmt: skip
+
+
+@pytest.mark.process
+def test_issue_shapes_through_real_childs_command_lines(script: Path) -> None:
+    """One real child per shape, sampled by the real ProcessTree, exported by the SDK."""
+    children = [subprocess.Popen([sys.executable, str(script), *argv]) for argv, _, _ in SHAPES]
+    reader = InMemoryMetricReader()
+    settings = Settings.load(simulate="steady", interval_s=0.1, detect=False)
+    roots = [c.pid for c in children]
+    agent = Agent(settings, meter_provider=MeterProvider([reader]), roots=roots).start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            snap = agent.sampler.latest
+            if snap is not None and set(roots) <= {p.pid for p in snap.processes}:
+                break
+            time.sleep(0.05)
+        commands = [_command_of(reader, pid)["process.command"] for pid in roots]
+    finally:
+        agent.shutdown(2.0)
+        for c in children:
+            c.kill()
+            c.wait()
+    for command, (_argv, shown, secret) in zip(commands, SHAPES, strict=True):
+        assert command == f"{sys.executable} {script} {shown}"
+        assert secret not in str(command)
+
+
 @pytest.mark.process
 def test_console_exporter_shows_no_credential(script: Path, tmp_path: Path) -> None:
     """``otel-gpu run --exporter console``: the job's process.command and the resource (a

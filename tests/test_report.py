@@ -120,3 +120,28 @@ def test_chromium_renders_the_page_without_errors_and_the_layout_screenshot(
     bands = [y for i, y in enumerate(inked) if i == 0 or y - inked[i - 1] > 40]
     assert len(bands) >= 2, bands  # two plots, apart
     assert 150 < bands[0] < 1200
+
+
+def test_a_dollar_in_a_name_is_shown_as_it_is(tmp_path: Path) -> None:
+    """A process named ``run$_$x`` (matplotlib's mathtext would raise on it): the report is
+    written and shows the name literally, in the plots' legends and in the tables."""
+    program = tmp_path / "run$_$x"
+    sleep = shutil.which("sleep")
+    assert sleep is not None
+    shutil.copy(sleep, program)
+    recording, page = tmp_path / "run.csv", tmp_path / "report.html"
+    res = subprocess.run(
+        [*CLI, "run", "--quiet", "--simulate", "leak", "--exporter", "none", "--interval", "0.2",
+         "--record", str(recording), "--", str(program), "2"],
+        capture_output=True, text=True, timeout=60, env=clean_env(OTEL_GPU_LOCK_DIR=str(tmp_path)),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "run$_$x" in recording.read_text()
+    res = subprocess.run(
+        [*CLI, "report", str(recording), "-o", str(page)],
+        capture_output=True, text=True, timeout=120, env=clean_env(),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr
+    svg = re.findall(r"<svg.*?</svg>", page.read_text(encoding="utf-8"), flags=re.S)
+    assert svg and any("run$_$x" in figure for figure in svg)  # the legend, as text

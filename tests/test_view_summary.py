@@ -147,7 +147,7 @@ def test_run_prints_the_summary_and_writes_it_as_json(tmp_path: Path) -> None:
     assert " on GPU0" in proc["label"] and proc["peak_bytes"] > 0
     assert data["alerts"] == [] and set(data["actions"]) == {
         "notifications_delivered", "notifications_failed", "notifications_dropped",
-        "stops_requested",
+        "stops_requested", "stops_refused",
     }  # fmt: skip
     summary = res.stderr[res.stderr.index("otel-gpu summary") :]
     assert "exit code 3" in summary.splitlines()[0]

@@ -22,6 +22,7 @@ from otel_gpu.actions.outbox import Delivery, DeliveryStats, Outbox, RetryPolicy
 from otel_gpu.actions.settings import ActionsConfig
 from otel_gpu.actions.span_event import DIAGNOSIS_LINES, add_alert_event
 from otel_gpu.actions.stop import JobStopper
+from otel_gpu.core.printable import printable
 from otel_gpu.core.redact import redact_text
 from otel_gpu.core.signals import (
     ALERT_DIAGNOSIS,
@@ -184,12 +185,12 @@ class ActionDispatcher:
         log.log(
             level,
             "breaker %s: %s -> %s (episode %d): %s%s",
-            t.subject,
+            printable(t.subject),  # in a job, its own handlers print this: no escapes
             t.from_state,
             t.to_state,
             t.episode,
-            t.reason,
-            where,
+            printable(t.reason),
+            printable(where),
             extra=extra,
         )
 
@@ -198,6 +199,14 @@ class ActionDispatcher:
         if self._stopper is None or t.alert.kind not in self._stop_kinds:
             return
         key = (t.subject, t.episode)
+        refused = self._stopper.refusal(t.alert)
+        if refused is not None:
+            log.warning(
+                "not stopping the job for %s on %s: %s", t.alert.kind, printable(t.subject), refused
+            )
+            with self._cv:
+                self._outbox.stats.stops_refused += 1
+            return
         with self._cv:
             if key in self._stopped_episodes:
                 return  # once per episode

@@ -37,6 +37,7 @@ from urllib.parse import quote_plus
 
 from otel_gpu.actions.options import Option, http_headers, one_of, signing_secret, webhook_url
 from otel_gpu.actions.redact import redact_url, secret_fragments
+from otel_gpu.core.printable import printable
 from otel_gpu.core.redact import redact_text, redact_value
 from otel_gpu.detect.breaker import CLOSED, HALF_OPEN, OPEN, Transition
 
@@ -95,7 +96,8 @@ def format_text(t: Transition, source: str = "") -> tuple[str, str]:
         if a.diagnosis is not None:
             lines.extend(a.diagnosis.shown(3))
     lines.append(f"episode {t.episode}, {t.from_state} -> {t.to_state} at t={t.time:g} s")
-    return redact_text(title), redact_text("\n".join(lines))
+    # Names and UUIDs come from the outside world: no escape sequence reaches a chat client.
+    return printable(redact_text(title)), printable(redact_text("\n".join(lines)), multiline=True)
 
 
 _URL = Option("webhook_url", webhook_url, secret=True, arg="url")

@@ -33,6 +33,7 @@ class DeliveryStats:
     dropped: int = 0  # queue full (oldest waiting one dropped) or queued after close
     abandoned: int = 0  # still waiting when close() ran out of time
     stops: int = 0  # stop actions taken (counted by the dispatcher)
+    stops_refused: int = 0  # stop-kind alerts that were not the job's own (another tenant's)
 
 
 @dataclass

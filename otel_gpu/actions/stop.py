@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from otel_gpu.core.errors import UsageError
+from otel_gpu.detect.model import Alert
 from otel_gpu.sampling.procfs import read_stat
 
 log = logging.getLogger("otel_gpu.actions")
@@ -59,7 +60,9 @@ class JobStopper:
 
     ``allowed_pids`` returns the PIDs of the job's trainer processes (never a launcher that
     would orphan them). ``request_fn(reason)`` is the in-process graceful mechanism; it returns
-    True when it took the request.
+    True when it took the request. ``not_the_jobs(alert)`` says why an alert is not the job's
+    own problem (another tenant's memory on a shared GPU), or None when it is: such an alert
+    stops nothing.
     """
 
     def __init__(
@@ -67,11 +70,22 @@ class JobStopper:
         allowed_pids: Callable[[], Iterable[int]],
         signal: str | int | _signal.Signals = "SIGUSR1",
         request_fn: Callable[[str], bool] | None = None,
+        not_the_jobs: Callable[[Alert], str | None] | None = None,
     ) -> None:
         self._allowed = allowed_pids
         self.signal = parse_signal(signal)
         self._request_fn = request_fn
+        self._not_the_jobs = not_the_jobs
         self._own_pid = os.getpid()
+
+    def refusal(self, alert: Alert) -> str | None:
+        """Why ``alert`` must not stop the job (None: it may). Never raises."""
+        if self._not_the_jobs is None:
+            return None
+        try:
+            return self._not_the_jobs(alert)
+        except Exception as e:  # a bug here must not stop a job on a stranger's account
+            return f"whose problem it is could not be told ({type(e).__name__})"
 
     def stop(self, reason: str) -> StopResult:
         """Request a graceful stop; falls back to the signal. Never raises."""

@@ -65,14 +65,12 @@ class LaunchedCommand:
         if self._asked_to_end() is not None:
             return None
         try:
-            self.child = subprocess.Popen(self.command, start_new_session=True, env=self.env)
+            self.child, job_pid = start_guarded(self.command, self.env)
         except OSError as exc:
             raise UsageError(f"cannot start {self.command[0]!r}: {exc.strerror}") from None
         for signum in self._early:
             self.on_signal(signum)
-        return AgentInputs(
-            roots=[self.child.pid], visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES")
-        )
+        return AgentInputs(roots=[job_pid], visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
 
     def agent_failed(self, exc: Exception) -> None:
         # The job runs on, unwatched, rather than being harmed.
@@ -88,6 +86,41 @@ class LaunchedCommand:
 
     def _asked_to_end(self) -> int | None:
         return next((s for s in self._early if s in ENDING), None)
+
+
+def start_guarded(cmd: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the job in a session of its own, under its guard (agent/job_guard.py), so that it
+    dies with this process however this process dies (SIGKILL included): the guard's process
+    (to wait for and to signal as the group) and the job's own PID (to watch and show). This
+    process holds the only write end of the guard's pipe for as long as it lives."""
+    from otel_gpu.agent import job_guard
+
+    if not job_guard.available():
+        child = subprocess.Popen(cmd, start_new_session=True, env=env)
+        return child, child.pid
+    read_fd, write_fd = os.pipe()  # non-inheritable: no other child keeps the write end open
+    pid_read, pid_write = os.pipe()
+    try:
+        child = subprocess.Popen(
+            job_guard.guarded(cmd, read_fd, pid_write),
+            start_new_session=True,
+            env=env,
+            pass_fds=(read_fd, pid_write),
+        )
+    except BaseException:
+        os.close(write_fd)
+        os.close(pid_read)
+        raise
+    finally:
+        os.close(read_fd)
+        os.close(pid_write)
+    _GUARD_PIPES.append(write_fd)  # closed by the kernel when this process ends, not before
+    with os.fdopen(pid_read, "rb") as reply:  # EOF at once if the guard dies first
+        text = reply.readline().strip()
+    return child, int(text) if text.isdigit() else child.pid
+
+
+_GUARD_PIPES: list[int] = []
 
 
 def wait_child(child: subprocess.Popen[bytes]) -> int:

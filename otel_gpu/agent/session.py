@@ -160,6 +160,8 @@ class Outputs(Protocol):
 
     def start(self, name: str, pid: int, settings: Any) -> None: ...
 
+    def job_exited(self, root: int, timeout_s: float) -> None: ...
+
     def finish(self, exit_code: int | None, command: list[str] | None = None) -> None: ...
 
 
@@ -213,6 +215,11 @@ class AgentSession:
             if inputs is not None:
                 self.attach(inputs)
             code = self.job.wait()
+            if code is not None and self.agent is not None and self.outputs is not None:
+                # One more sweep: processes the job started that still hold a GPU (summary and
+                # orphan alerts), bounded.
+                assert inputs is not None
+                self.outputs.job_exited(inputs.roots[0], self.settings.interval_s + 2.0)
             return code
         finally:
             self._restore_signals()

@@ -156,7 +156,11 @@ class Watchdog:
             host_memory=psutil.virtual_memory().total,
             start_ticks=lambda pid: read_start_ticks(pid, proc_root),
         )
-        stopper = JobStopper(watchdog.verified_trainers, request_fn=trainer.request_stop)
+        stopper = JobStopper(
+            watchdog.verified_trainers,
+            request_fn=trainer.request_stop,
+            not_the_jobs=watchdog.not_the_jobs,
+        )
         watchdog.dispatcher = ActionDispatcher.from_config(settings.actions, stopper=stopper)
         return watchdog
 
@@ -212,6 +216,15 @@ class Watchdog:
         """The trainers that are still the same processes now, so a PID reused since the last
         sweep is never signalled. Called only when a stop fires."""
         return self._trainers.verified()
+
+    def not_the_jobs(self, alert: Alert) -> str | None:
+        """Why ``alert`` is not the job's own problem, so a stop must not fire (a leak on a GPU
+        whose growth is another tenant's); None when it is. On the sampler thread."""
+
+        def leaking(subject: str) -> bool:
+            return any(c.kind == LEAK for c in self.engine.conditions(subject))
+
+        return self._trainers.not_the_jobs(alert, leaking)
 
     def _release_diagnosed(self, force: bool = False) -> None:
         if self.diagnosis is None:

@@ -3,8 +3,10 @@
 Prints one JSON line per alert: ``{"file", "kind", "time_s", "rate_bytes_per_s", "eta_s",
 "message"}`` (null when unknown), and for a recording (``--record``, rows with a ``subject``)
 ``"subject"`` too. The engine is exactly the one the agent and the processor run.
-A bad file gets one line naming the file and line on stderr; the other files are still
-analyzed and the exit code is 2.
+A file is streamed (one row in memory at a time; each alert printed when it is raised), so a
+file of any size is read in flat memory. A bad file gets one line naming the file and line on
+stderr (alerts of the rows before it are printed already); the other files are still analyzed
+and the exit code is 2.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ import argparse
 import io
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 from otel_gpu.core.settings import read_settings_file
 from otel_gpu.detect.engine import DetectConfig, Engine
-from otel_gpu.detect.trace import COLUMNS, Row, TraceError, read_rows, replay_rows, subject_for
+from otel_gpu.detect.trace import COLUMNS, Row, TraceError, iter_rows, replay_iter, subject_for
 
 
 def add_parser(subparsers: Any) -> None:
@@ -77,28 +80,31 @@ def run(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
 
+        # Streamed: one row in memory at a time, each alert printed when it is raised.
+        span = _Span()
+        alerts = 0
         try:
-            rows = read_rows(name, stream=_stdin() if name == "-" else None, on_unknown=unknown)
+            rows = iter_rows(name, stream=_stdin() if name == "-" else None, on_unknown=unknown)
+            for row, alert in replay_iter(engine, subject_for(name), span.count(rows)):
+                alerts += 1
+                record: dict[str, Any] = {
+                    "file": name,
+                    "kind": alert.kind,
+                    "time_s": alert.time,
+                    "rate_bytes_per_s": alert.rate_bytes_per_s,
+                    "eta_s": alert.eta_s,
+                    "message": alert.message,
+                }
+                if row.subject is not None:  # a recording: which of its series
+                    record["subject"] = alert.subject
+                out.write(json.dumps(record) + "\n")
         except TraceError as exc:
+            out.flush()
             print(f"otel-gpu: error: {exc}", file=sys.stderr)
             failed = True
             continue
-        recording = any(row.subject for row in rows)
-        alerts = replay_rows(engine, subject_for(name), rows)
-        print(f"otel-gpu: {_summary(name, rows, len(alerts))}", file=sys.stderr)
-        for alert in alerts:
-            record: dict[str, Any] = {
-                "file": name,
-                "kind": alert.kind,
-                "time_s": alert.time,
-                "rate_bytes_per_s": alert.rate_bytes_per_s,
-                "eta_s": alert.eta_s,
-                "message": alert.message,
-            }
-            if recording:
-                record["subject"] = alert.subject
-            out.write(json.dumps(record) + "\n")
         out.flush()
+        print(f"otel-gpu: {span.summary(name, alerts)}", file=sys.stderr)
     return 2 if failed else 0
 
 
@@ -107,12 +113,27 @@ def _stdin() -> TextIO:
     return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", newline="")
 
 
-def _summary(name: str, rows: list[Row], alerts: int) -> str:
-    """One line per file: samples, the time they span, and the alerts found."""
-    if not rows:
-        return f"{name}: no samples, 0 alerts"
-    first, last = rows[0].point.time, rows[-1].point.time
-    return (
-        f"{name}: {len(rows)} samples, {first:g}..{last:g} s ({(last - first) / 3600:.2f} h), "
-        f"{alerts} alert{'s' if alerts != 1 else ''}"
-    )
+class _Span:
+    """How many rows a file held and the data times they span, counted as they pass."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.first = self.last = 0.0
+
+    def count(self, rows: Iterator[Row]) -> Iterator[Row]:
+        for row in rows:
+            if self.n == 0:
+                self.first = row.point.time
+            self.n += 1
+            self.last = row.point.time
+            yield row
+
+    def summary(self, name: str, alerts: int) -> str:
+        """One line per file: samples, the time they span, and the alerts found."""
+        if not self.n:
+            return f"{name}: no samples, 0 alerts"
+        first, last = self.first, self.last
+        return (
+            f"{name}: {self.n} samples, {first:g}..{last:g} s ({(last - first) / 3600:.2f} h), "
+            f"{alerts} alert{'s' if alerts != 1 else ''}"
+        )

@@ -45,7 +45,11 @@ LOG_FORMAT = "otel-gpu: %(levelname)s %(name)s: %(message)s"
 
 
 def setup_logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format=LOG_FORMAT)
+    from otel_gpu.core.printable import PrintableFormatter
+
+    handler = logging.StreamHandler()  # stderr
+    handler.setFormatter(PrintableFormatter(LOG_FORMAT))
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])
 
 
 def build_resource(

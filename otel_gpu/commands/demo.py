@@ -18,13 +18,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 
 from otel_gpu.agent.settings import SIM_SCENARIOS, Settings
+from otel_gpu.core.http import BoundedServer
 from otel_gpu.core.settings import Setting, add_options, choice, given, number, resolve
 from otel_gpu.outputs.run_outputs import RunOutputs
 from otel_gpu.outputs.sweeps import labels
@@ -83,6 +84,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 class _Receiver(BaseHTTPRequestHandler):
     received: list[dict[str, Any]] = []
+    timeout = 5.0  # s per read: a client that stalls is dropped
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's naming
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
@@ -93,6 +95,18 @@ class _Receiver(BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         return
+
+
+def start_receiver() -> tuple[BoundedServer, str]:
+    """The demo's stand-in for Slack, on 127.0.0.1 and the project's bounded server: any local
+    user can connect to it, and a client that resets or stalls costs no traceback and no
+    thread beyond its few slots. Returns the server and its URL."""
+    receiver = BoundedServer(("127.0.0.1", 0), _Receiver, 4, "otel-gpu-demo-receiver")
+    _Receiver.received = []
+    threading.Thread(
+        target=receiver.serve_forever, name="otel-gpu-demo-receiver", daemon=True
+    ).start()
+    return receiver, f"http://127.0.0.1:{receiver.server_address[1]}/alerts"
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -109,12 +123,7 @@ def demo(args: argparse.Namespace) -> int:
     out = sys.stdout
     # The demo prints alerts and transitions itself; the actions' log lines would repeat them.
     logging.getLogger("otel_gpu.actions").setLevel(logging.ERROR)
-    receiver = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    _Receiver.received = []
-    threading.Thread(
-        target=receiver.serve_forever, name="otel-gpu-demo-receiver", daemon=True
-    ).start()
-    url = f"http://127.0.0.1:{receiver.server_address[1]}/alerts"
+    receiver, url = start_receiver()
 
     source = SimulatedSource(opts.scenario, time_scale=120.0, leak_bytes_per_s=12 * GIB / 3600)
     watchdog = Watchdog(
@@ -158,6 +167,7 @@ def demo(args: argparse.Namespace) -> int:
         data = reader.get_metrics_data()
     finally:
         receiver.shutdown()
+        receiver.server_close()
     if workload.interrupted.is_set():
         print("\notel-gpu demo: stopped (Ctrl-C)", file=out)
         return 130

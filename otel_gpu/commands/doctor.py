@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from otel_gpu.agent.settings import Settings
 from otel_gpu.core.errors import UsageError
+from otel_gpu.core.printable import printable
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 
@@ -59,7 +60,7 @@ def doctor(args: argparse.Namespace) -> int:
     checks = []
     for check in run_checks(settings):
         if not args.json:
-            print(check.line(), flush=True)
+            print(printable(check.line()), flush=True)  # GPU names are the driver's
         checks.append(check)
         failed = failed or check.status == FAIL
     if args.json:

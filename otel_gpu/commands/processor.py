@@ -44,11 +44,12 @@ def config_from_args(
 
 def run_processor(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format=LOG_FORMAT,
-        stream=sys.stderr,
-    )
+    from otel_gpu.core.printable import PrintableFormatter
+
+    handler = logging.StreamHandler(sys.stderr)
+    # Subjects and messages carry what remote reporters sent: no escape reaches the terminal.
+    handler.setFormatter(PrintableFormatter(LOG_FORMAT))
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[handler])
     # grpc and urllib3 debug output could echo request metadata (the token): keep them quiet.
     logging.getLogger("grpc").setLevel(logging.WARNING)
 

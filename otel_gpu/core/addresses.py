@@ -8,6 +8,7 @@ import re
 from urllib.parse import urlsplit
 
 from otel_gpu.core.errors import UsageError
+from otel_gpu.core.redact import mask_url
 from otel_gpu.core.settings import refuse
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0-9])?$")
@@ -67,7 +68,8 @@ def check_url(url: str, flag: str) -> str:
     except ValueError:
         port = -1
     if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
-        shown = f"{flag}{text}" if flag.endswith("=") else f"{flag} {text}"
+        masked = mask_url(text)  # user:password@ and ?token= are never echoed
+        shown = f"{flag}{masked}" if flag.endswith("=") else f"{flag} {masked}"
         raise UsageError(
             f"{shown}: use the server's Prometheus URL, e.g. http://127.0.0.1:8000/metrics"
         )

@@ -11,10 +11,12 @@ What is masked (README "What is redacted"), each replaced by ``***``:
   ``--hf_token X``, ``--db-pass=X``, ``-password X``, ``HF_TOKEN=X``, ``-Dpassword=X``;
 - header values of secret headers (Authorization, Proxy-Authorization, Cookie, ``*-Key``,
   ``*-Token``, ...), keeping the auth scheme: ``Authorization: Bearer ***``;
-- URL user-info (``https://***@host``) and secret query parameters (``?access_token=***``);
-- ``user:password`` after ``--user`` / ``-u`` (curl);
-- known token formats anywhere (:data:`_FORMATS`), keeping their public prefix (``hf_***``);
-- long random-looking strings (:func:`_looks_random`).
+- URL user-info (``https://***@host``) and secret query or fragment parameters
+  (``?access_token=***``, ``#access_token=***``);
+- ``user:password`` after ``--user`` / ``-u`` (curl), the key after ``wandb login``, the
+  credential after a bare ``Bearer``;
+- known token formats anywhere, keeping their public prefix (``hf_***``), long random-looking
+  strings and PEM bodies (:mod:`otel_gpu.core.redact_formats`).
 
 Rules work on whole arguments, so an executable, a script, a path or a model name
 (``Qwen/Qwen2.5-0.5B-Instruct``) survives: only values judged secret are replaced.
@@ -23,15 +25,15 @@ Rules work on whole arguments, so an executable, a script, a path or a model nam
 from __future__ import annotations
 
 import functools
-import math
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TypeVar, cast
 
 from otel_gpu.core.commandline import PYTHON, python_target
+from otel_gpu.core.redact_formats import MASK, scrub_formats, scrub_pem
+from otel_gpu.core.redact_formats import random_entropy_floor as random_entropy_floor
 
-MASK = "***"
 _T = TypeVar("_T")
 
 # OTEL_GPU_PROCESS_COMMAND: what the process.command attribute (and the process resource
@@ -60,6 +62,9 @@ _VALUE_SUFFIX = re.compile(r"(?<=[a-z])[-_.]?(value|str|string|b64|base64|raw|he
 # Query parameters of signed URLs (S3 presigned, Azure SAS, OAuth redirects).
 _QUERY_SECRET_WORDS = frozenset({"sig", "signature", "sign", "code"})
 
+# Header names of OTLP vendors whose last word is not a secret word (Honeycomb's team key).
+_VENDOR_SECRET_NAMES = frozenset({("honeycomb", "team")})
+
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 _PART = re.compile(r"[^A-Za-z0-9]+")
 
@@ -69,6 +74,16 @@ def _words(name: str) -> list[str]:
     return [w.lower() for part in _PART.split(name) for w in _WORD.findall(part)]
 
 
+def _without_version(words: list[str]) -> list[str]:
+    """``--api_key2``, ``--hf_token_1``, ``--token-v2``: a trailing number or version still
+    names the same credential, so it does not decide."""
+    while len(words) > 1 and words[-1].isdigit():
+        words = words[:-1]
+        if len(words) > 1 and words[-1] == "v":
+            words = words[:-1]
+    return words
+
+
 def _secret_word(w: str) -> bool:
     if w in _NOT_SECRET_WORDS:
         return False
@@ -76,7 +91,7 @@ def _secret_word(w: str) -> bool:
         w.endswith(("token", "key", "secret", "secrets", "cookie", "cookies", "session"))
         or w.endswith(("pass", "passwd", "password", "passwords", "pwd", "auth"))
         or w.endswith(("credential", "credentials", "creds"))
-        or w in ("pw", "passphrase", "passcode")
+        or w in ("pw", "passphrase", "passcode", "dsn")
         or w.startswith(("authoriz", "authoris", "authentic"))
     )
 
@@ -91,9 +106,12 @@ def is_secret_name(name: str) -> bool:
     ``X-Api-Key``, ``AWS_SECRET_ACCESS_KEY`` and ``--db-pass`` are secret, while
     ``--tokenizer_name``, ``--max_tokens``, ``--token_file``, ``--num_key_value_heads`` and
     ``--moe_token_dispatcher_type`` are not; nor are special tokens (``--pad_token``) and
-    dataset fields (``--input_key``).
+    dataset fields (``--input_key``). A trailing number or version (``--api_key2``,
+    ``--token-v2``) is skipped; ``dsn`` and vendor headers (``x-honeycomb-team``) are secret.
     """
-    words = _words(_VALUE_SUFFIX.sub("", name))
+    words = _without_version(_words(_VALUE_SUFFIX.sub("", name)))
+    if tuple(words[-2:]) in _VENDOR_SECRET_NAMES:
+        return True
     if not words or not _secret_word(words[-1]):
         return False
     prev = words[-2] if len(words) > 1 else ""
@@ -107,94 +125,11 @@ def _secret_query_name(name: str) -> bool:
     return bool(words) and (words[-1] in _QUERY_SECRET_WORDS or is_secret_name(name))
 
 
-# -- known token formats and random-looking strings ---------------------------------------------
-
-# A token starts a word ("task-..." is not "sk-..."), or follows a percent-escape ("%20hf_...").
-# The named group of each format is its public prefix, shown before the mask.
-_EDGE = r"(?:(?<![A-Za-z0-9_-])|(?<=%[0-9A-Fa-f]{2}))"
-_FORMATS = re.compile(
-    "|".join(
-        _EDGE + p
-        for p in (
-            r"(?P<hf>hf_)[A-Za-z0-9]{30,}",  # Hugging Face
-            r"(?P<gh>gh[pousr]_)[A-Za-z0-9]{30,}",  # GitHub classic (PAT, OAuth, app, refresh)
-            r"(?P<ghf>github_pat_)[A-Za-z0-9_]{30,}",  # GitHub fine-grained
-            r"(?P<sk>sk-(?:ant-|proj-|svcacct-|admin-)?)[A-Za-z0-9_-]{20,}",  # OpenAI, Anthropic
-            r"(?P<slack>xox[abposre]-|xapp-)[A-Za-z0-9-]{10,}",  # Slack bot/user/app tokens
-            r"(?P<aws>AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}(?![A-Za-z0-9])",  # AWS access key id
-            r"(?P<gl>gl(?:pat|ptt|dt|rt|cbt|soat|oas)-)[A-Za-z0-9_-]{20,}",  # GitLab
-            r"(?P<goog>AIza)[0-9A-Za-z_-]{35}",  # Google API key
-            r"(?P<stripe>[rs]k_(?:live|test)_)[0-9A-Za-z]{16,}",  # Stripe
-            r"(?P<pypi>pypi-)AgE[A-Za-z0-9_-]{50,}",  # PyPI upload token
-            r"(?P<npm>npm_)[A-Za-z0-9]{36}",  # npm
-            r"(?P<jwt>eyJ)[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*",  # JWT
-        )
-    )
-)
-# Candidates for the randomness test: runs of base64url-ish characters. "/" and "." end a run,
-# so paths, hosts and model names are judged piece by piece (a base64 secret holding "/" is
-# caught by its flag or variable name instead).
-_RUN = re.compile(r"[A-Za-z0-9+=_-]{20,}")
-_SEPARATORS = re.compile(r"[+=_-]")
-_HEX = re.compile(r"[0-9a-fA-F-]+")
-_WORDS = re.compile(r"[A-Z]?[a-z]{3,}")
-RANDOM_MIN_LEN = 20  # characters
-RANDOM_MAX_WORDY = 0.6  # share of characters in words ("Causal", "model"); random base62: < 0.5
-# Names joined from short pieces ("sft-Qwen2-0-5B-lr3e-4", a pod's "trainer-7f9c8d6b5-x2k9p")
-# are not keys: the longest piece between - _ + = needs this many characters, unless all three
-# character classes are present and separators are sparse (base64url: one in 32 on average).
-RANDOM_MIN_PIECE = 16
-
-
-def random_entropy_floor(n: int) -> float:
-    """Bits per character a random base62 string of length ``n`` reaches 99 times in 100
-    (3.6 at 20 characters, 4.2 at 32, 4.5 at 40), lowered by a margin; capped at 4.3."""
-    return min(4.3, 3.5 + 0.04 * (n - RANDOM_MIN_LEN))
-
-
-def _looks_random(run: str) -> bool:
-    """A credential-like random string: 20+ characters of at least two of lower case, upper
-    case and digits, a piece of 16+ between separators (or sparse separators), not made of
-    words (``LlamaForCausalLM``), and Shannon entropy above :func:`random_entropy_floor`.
-    Hex (git SHAs, UUIDs, hashes) is kept."""
-    n = len(run)
-    classes = any(c.islower() for c in run) + any(c.isupper() for c in run)
-    classes += any(c.isdigit() for c in run)
-    if n < RANDOM_MIN_LEN or classes < 2 or _HEX.fullmatch(run):
-        return False
-    separators = len(_SEPARATORS.findall(run))
-    longest = max(len(piece) for piece in _SEPARATORS.split(run))
-    if longest < RANDOM_MIN_PIECE and not (classes == 3 and separators * 6 <= n):
-        return False
-    if sum(len(w) for w in _WORDS.findall(run)) >= RANDOM_MAX_WORDY * n:
-        return False
-    counts: dict[str, int] = {}
-    for c in run:
-        counts[c] = counts.get(c, 0) + 1
-    entropy = -sum(k / n * math.log2(k / n) for k in counts.values())
-    return entropy >= random_entropy_floor(n)
-
-
-def _format_sub(m: re.Match[str]) -> str:
-    prefix = next((g for g in m.groups() if g is not None), "")
-    return prefix + MASK
-
-
-def _run_sub(m: re.Match[str]) -> str:
-    return MASK if _looks_random(m.group()) else m.group()
-
-
-def _scrub_formats(text: str) -> str:
-    if len(text) < 10:  # shorter than every format and every random run
-        return text
-    text = _FORMATS.sub(_format_sub, text)
-    return _RUN.sub(_run_sub, text)
-
-
 # -- one argument ---------------------------------------------------------------------------------
 
 _KV = re.compile(r"(-{0,2}[A-Za-z_][\w.-]*)=(.*)", re.S)
-_HEADER = re.compile(r"([\[{(,\"']*)([A-Za-z][\w.-]*)([\"']?:[ \t]*)(.*)", re.S)
+# A header, or a flag written like one (``--api-key: X``, ``--api-key:X``).
+_HEADER = re.compile(r"([\[{(,\"'-]*)([A-Za-z][\w.-]*)([\"']?:[ \t]*)(.*)", re.S)
 _FLAG = re.compile(r"-{1,2}([A-Za-z][\w.-]*)")
 _FLAG_LIKE = re.compile(r"--?[A-Za-z]")
 _SCHEME = re.compile(
@@ -203,7 +138,8 @@ _SCHEME = re.compile(
     re.I | re.S,
 )
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s]*@")
-_QUERY = re.compile(r"([?&;])([^=&#;\s]+)=([^&#;\s]*)")
+# Query parameters, and the fragment's (OAuth implicit flow: ``#access_token=X``).
+_QUERY = re.compile(r"([?&;#])([^=&#;\s]+)=([^&#;\s]*)")
 _LIST_SEP = re.compile(r"([,;&])")
 _LITERALS = frozenset({"true", "false", "yes", "no", "on", "off", "none", "null", "0", "1"})
 _USER_FLAGS = frozenset({"-u", "--user", "--proxy-user"})
@@ -213,6 +149,10 @@ _NEXT_FREE = 0
 _NEXT_VALUE = 1  # a secret flag's value: masked unless it is another flag
 _NEXT_HEADER = 2  # a secret header's value: an auth scheme is kept, then the credential masked
 _NEXT_USER = 3  # curl's user:password
+_NEXT_LOGIN = 4  # `wandb login [--host URL] KEY`: the first positional that is not a URL
+
+# Tools whose `login` subcommand takes the credential as a positional argument.
+_LOGIN_TOOLS = frozenset({"wandb"})
 
 
 def _mask_value(value: str) -> tuple[str, int]:
@@ -269,6 +209,8 @@ def _redact_piece(arg: str) -> tuple[str, int]:
         return arg, _NEXT_VALUE
     if arg in _USER_FLAGS:
         return arg, _NEXT_USER
+    if arg.lower() == "bearer":  # "Bearer X" outside a header (a log line, a curl in bash -c)
+        return arg, _NEXT_VALUE
     return arg, _NEXT_FREE
 
 
@@ -279,7 +221,16 @@ def redact_args(args: Sequence[str]) -> list[str]:
 
 def _redacted(args: Iterable[str]) -> Iterator[str]:
     expect = _NEXT_FREE
+    previous = ""
     for arg in args:
+        if arg == "login" and os.path.basename(previous) in _LOGIN_TOOLS:
+            previous, expect = arg, _NEXT_LOGIN
+            yield arg
+            continue
+        previous = arg
+        if expect == _NEXT_LOGIN and (not arg or _FLAG_LIKE.match(arg) or "://" in arg):
+            yield scrub_formats(_redact_piece(arg)[0])  # --relogin, --host URL: key to come
+            continue
         if expect != _NEXT_FREE and arg and not _FLAG_LIKE.match(arg):
             if expect == _NEXT_USER:
                 user, colon, password = arg.partition(":")
@@ -295,7 +246,7 @@ def _redacted(args: Iterable[str]) -> Iterator[str]:
             yield text
             continue
         text, expect = _redact_piece(arg)
-        yield _scrub_formats(text)
+        yield scrub_formats(text)
 
 
 def redact_command(args: Sequence[str], max_len: int | None = None) -> str:
@@ -316,8 +267,9 @@ _SPACE = re.compile(r"(\s+)")
 
 def redact_text(text: str) -> str:
     """Free text (a joined command line, a log message, an alert) with credentials masked:
-    split on whitespace and judged as a command line, the whitespace kept."""
-    parts = _SPACE.split(text)
+    split on whitespace and judged as a command line, the whitespace kept (a PEM block, which
+    spans lines, is masked first)."""
+    parts = _SPACE.split(scrub_pem(text))
     words = redact_args(parts[0::2])
     parts[0::2] = words
     return "".join(parts)
@@ -358,3 +310,15 @@ def command_attribute(
     if mode == COMMAND_EXECUTABLE:
         return program(args)[:max_len]
     return redact_command(args, max_len)
+
+
+_URL_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)?[^/?#@\s]*@")
+_URL_PARAMETER = re.compile(r"([?&;#])([^=&#;\s]*)=([^&#;\s]*)")
+
+
+def mask_url(url: str) -> str:
+    """A URL (or ``host:port``) as an error message may echo it: user-info and the value of
+    every query and fragment parameter masked, whatever their names (an endpoint that carries
+    them at all carries a credential there)."""
+    text = _URL_USERINFO.sub(lambda m: f"{m.group(1) or ''}{MASK}@", url)
+    return _URL_PARAMETER.sub(lambda m: f"{m.group(1)}{m.group(2)}={MASK}", text)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from otel_gpu.core.errors import UsageError
+from otel_gpu.core.redact import MASK, is_secret_name, mask_url, redact_text
 
 # The one true/false word list (case-insensitive) of every boolean setting.
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -31,8 +32,16 @@ Parser = Callable[[Any, str], Any]
 
 
 def refuse(source: str, raw: object, accepted: str) -> NoReturn:
-    """Raise the one-line ``SOURCE=value: accepted`` error."""
-    raise UsageError(f"{source}={raw!r}: {accepted}")
+    """Raise the one-line ``SOURCE=value: accepted`` error. The value is shown redacted and
+    URL-masked (a secret setting's not at all, but for a file's path): a refusal may be
+    printed, logged or kept in a CI log."""
+    shown = raw
+    if isinstance(raw, str):
+        # A secret setting's value is hidden, unless it is the path of a file (a TLS key's).
+        path = raw.startswith(("/", "./", "~/")) and not any(c.isspace() for c in raw)
+        hidden = is_secret_name(source) and not path
+        shown = MASK if hidden else mask_url(redact_text(raw))
+    raise UsageError(f"{source}={shown!r}: {accepted}")
 
 
 def boolean(raw: object, source: str) -> bool:

@@ -5,6 +5,8 @@ the first 8 hex digits of their UUID."""
 
 from __future__ import annotations
 
+from otel_gpu.core.printable import printable
+
 MIB = 1 << 20
 GIB = 1 << 30
 
@@ -58,7 +60,7 @@ def short_uuid(uuid: str) -> str:
 def gpu_label(index: int | None, uuid: str) -> str:
     """``GPU0 51a1a7ed`` (``MIG0 5d3c0000`` for a MIG device of GPU 0)."""
     kind = "MIG" if uuid.startswith("MIG-") else "GPU"
-    return f"{kind}{'' if index is None else index} {short_uuid(uuid)}"
+    return f"{kind}{'' if index is None else index} {printable(short_uuid(uuid))}"
 
 
 def duration(s: float) -> str:

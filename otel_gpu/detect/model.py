@@ -14,6 +14,9 @@ STALL = "stall"
 THRESHOLD = "threshold"
 ANOMALY = "anomaly"
 HARDWARE = "hardware"
+# A GPU process the job started that is still holding GPU memory after the job ended (raised
+# by the wrapper at the job's end, not by the engine: agent/leftovers.py).
+ORPHAN = "orphan"
 
 # Phases (training.phase values).
 PHASE_LOAD = "load"

@@ -8,7 +8,8 @@ and CRLF line ends (files saved by spreadsheet programs) are accepted.
 
 A recording (``otel-gpu run --record FILE``) is the same format in long form: a ``subject``
 column names the series of each row (``gpu:<uuid>``, ``process:<pid>@<uuid>``, ...), and each
-subject is judged on its own points, in file order; ``label`` holds a human name.
+subject is judged on its own points, in file order; ``label`` holds a human name. A text cell
+that a spreadsheet would run as a formula is written behind a ``'`` (:func:`text_cell`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import csv
 import math
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
@@ -28,6 +29,24 @@ REQUIRED = ("time_s", "used_bytes", "limit_bytes")
 # Every column a detector reads (NUMERIC_FIELDS starts with used_bytes, limit_bytes), and a
 # recording's subject and label.
 COLUMNS = ("time_s", *NUMERIC_FIELDS, "procs", "phase", "subject", "label")
+
+
+# A spreadsheet runs a cell starting with one of these as a formula ("=cmd|' /C calc'!A0", a
+# process or phase name anyone can choose); such a text cell is written behind a "'", which
+# spreadsheets show as text and readers here take off again. A cell that starts with "'" gets
+# one more, so every text reads back exactly.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "'")
+
+
+def text_cell(text: str) -> str:
+    """A text value (subject, label, phase) as a recording writes it: never a formula."""
+    return "'" + text if text.lstrip(" ").startswith(_FORMULA_START) else text
+
+
+def read_text_cell(cell: str) -> str:
+    """What :func:`text_cell` wrote, back (blanks around it trimmed)."""
+    text = cell.strip()
+    return text[1:] if text.startswith("'") else text
 
 
 class TraceError(UsageError):
@@ -58,7 +77,20 @@ def read_rows(
     stream: TextIO | None = None,
     on_unknown: Callable[[list[str]], None] | None = None,
 ) -> list[Row]:
-    """All rows of a CSV trace or recording, validated. Raises TraceError on the first problem.
+    """All rows of a CSV trace or recording, validated (see :func:`iter_rows`), in memory:
+    for what needs them all at once (a report's plots)."""
+    return list(iter_rows(path, stream=stream, on_unknown=on_unknown))
+
+
+def iter_rows(
+    path: str | os.PathLike[str],
+    *,
+    stream: TextIO | None = None,
+    on_unknown: Callable[[list[str]], None] | None = None,
+) -> Iterator[Row]:
+    """The rows of a CSV trace or recording, validated, one at a time as the file is read:
+    memory stays flat whatever the file's size. Raises TraceError at the first problem (the
+    rows before it have been yielded).
 
     ``stream``: read this instead of opening ``path`` (which then only names it, e.g. stdin).
     ``on_unknown`` gets the header's columns that no detector reads.
@@ -66,10 +98,11 @@ def read_rows(
     name = os.fspath(path)
     try:
         if stream is not None:
-            return _parse(name, stream, on_unknown)
+            yield from _parse(name, stream, on_unknown)
+            return
         # utf-8-sig: a byte-order mark would otherwise glue itself to the first column name.
         with open(name, newline="", encoding="utf-8-sig") as fh:
-            return _parse(name, fh, on_unknown)
+            yield from _parse(name, fh, on_unknown)
     except FileNotFoundError:
         raise TraceError(f"{name}: no such file") from None
     except IsADirectoryError:
@@ -84,7 +117,7 @@ def read_rows(
 
 def _parse(
     name: str, lines: Iterable[str], on_unknown: Callable[[list[str]], None] | None
-) -> list[Row]:
+) -> Iterator[Row]:
     reader = csv.reader(lines)
     header = next(reader, None)
     if not header:
@@ -108,7 +141,6 @@ def _parse(
     i_phase = index.get("phase")
     i_subject = index.get("subject")
     i_label = index.get("label")
-    points: list[Row] = []
     last = -math.inf
     for row in reader:
         line = reader.line_num
@@ -131,11 +163,10 @@ def _parse(
                 raise TraceError(f"{name}:{line}: procs {row[i_procs]!r} is not an integer")
             values["procs"] = None if procs is None else int(procs)
         if i_phase is not None:
-            values["phase"] = row[i_phase].strip() or None
-        subject = row[i_subject].strip() or None if i_subject is not None else None
-        label = row[i_label].strip() or None if i_label is not None else None
-        points.append(Row(subject, label, point(t, values)))
-    return points
+            values["phase"] = read_text_cell(row[i_phase]) or None
+        subject = read_text_cell(row[i_subject]) or None if i_subject is not None else None
+        label = read_text_cell(row[i_label]) or None if i_label is not None else None
+        yield Row(subject, label, point(t, values))
 
 
 def _number(name: str, line: int, col: str, text: str) -> float | None:
@@ -159,17 +190,24 @@ def subject_for(path: str | os.PathLike[str]) -> str:
 def replay_rows(engine: Engine, default_subject: str, rows: Iterable[Row]) -> list[Alert]:
     """Feed each row to its subject (``default_subject`` where it names none), in order; all
     alerts raised, then every subject is forgotten."""
-    alerts: list[Alert] = []
+    return [alert for _row, alert in replay_iter(engine, default_subject, rows)]
+
+
+def replay_iter(
+    engine: Engine, default_subject: str, rows: Iterable[Row]
+) -> Iterator[tuple[Row, Alert]]:
+    """:func:`replay_rows` as the rows come: each alert with the row that raised it, as soon
+    as it is raised; every subject is forgotten at the end (or when the rows fail)."""
     seen: set[str] = set()
     try:
         for row in rows:
             subject = row.subject or default_subject
             seen.add(subject)
-            alerts.extend(engine.observe(subject, row.point))
+            for alert in engine.observe(subject, row.point):
+                yield row, alert
     finally:
         for subject in seen:
             engine.forget(subject)
-    return alerts
 
 
 def replay(engine: Engine, subject: str, points: Iterable[Point]) -> list[Alert]:

@@ -7,7 +7,9 @@ ecc_uncorrected,xid_errors``) plus ``subject`` (``gpu:<uuid>``, ``process:<pid>@
 changes). Rows come in sweep order, so ``otel-gpu analyze FILE`` feeds each subject's points to
 the engine exactly as the agent did and raises the same alerts at the same data times, and
 ``otel-gpu report FILE`` plots it. Floats are written with ``repr`` (exact round trip); an
-unknown value is an empty cell.
+unknown value is an empty cell. A text cell (subject, label, phase) that a spreadsheet would run
+as a formula (``=``, ``+``, ``-``, ``@`` first) is written behind a ``'``; ``analyze`` and
+``report`` read the text back exactly.
 
 The sampler thread only queues each sweep's rows (bounded: when the disk stalls, whole sweeps
 are dropped, counted and logged once); a writer thread writes and flushes them.
@@ -25,6 +27,7 @@ from typing import IO, Any
 
 from otel_gpu.core.errors import UsageError
 from otel_gpu.detect.model import NUMERIC_FIELDS
+from otel_gpu.detect.trace import text_cell
 from otel_gpu.outputs.sweeps import Sweep, labels
 
 log = logging.getLogger("otel_gpu.record")
@@ -62,7 +65,10 @@ def rows(sweep: Sweep, named: dict[str, str]) -> list[list[Any]]:
             label = ""
         else:
             named[subject] = label
-        out.append([subject, label, p.time, *(_cell(getattr(p, c)) for c in COLUMNS[3:])])
+        cells = [_cell(getattr(p, c)) for c in COLUMNS[3:]]
+        if p.phase:  # text from the trainer
+            cells[-1] = text_cell(p.phase)
+        out.append([text_cell(subject), text_cell(label), p.time, *cells])
     return out
 
 

@@ -71,19 +71,31 @@ class RunOutputs:
         self.view = LiveView(mode, title, console=self.console)
         self.summary = RunSummary()
         self.watchdog: Any = None
+        self.sampler: Any = None
+        self.leftovers: Any = None
+        self._ended = False  # the job has ended: later sweeps are only for its leftovers
         self._started = time.monotonic()
 
     def attach(self, sampler: Any, watchdog: Any) -> None:
         """Listen to an agent's sweeps (before it starts)."""
+        from otel_gpu.agent.leftovers import LeftoverWatch
         from otel_gpu.outputs.sweeps import labels, on_sweeps
 
-        self.watchdog = watchdog
+        self.watchdog, self.sampler = watchdog, sampler
         self.view.attach(sampler, watchdog)
+        self.leftovers = LeftoverWatch()
+        self.leftovers.listeners.append(self._on_leftovers)
+        if watchdog is not None:  # after detection, so that its alerts go through the breaker
+            on_sweeps(sampler, watchdog, lambda sweep: self.leftovers.on_snapshot(sweep.snapshot))
+        else:
+            sampler.add_listener(self.leftovers.on_snapshot)
         if watchdog is not None:
             watchdog.alert_listeners.append(self.summary.on_alert)
             watchdog.transition_listeners.append(self.summary.on_transition)
 
         def summarise(sweep: Any) -> None:
+            if self._ended:
+                return
             names = labels(sweep.snapshot)
             for subject, point in sweep.points:
                 self.summary.observe(subject, point, names.get(subject))
@@ -94,7 +106,39 @@ class RunOutputs:
         if not self.quiet or self.summary_json is not None:
             on_sweeps(sampler, watchdog, summarise)
         if self.recorder is not None:
-            on_sweeps(sampler, watchdog, self.recorder.on_sweep)
+            record = self.recorder.on_sweep
+            on_sweeps(sampler, watchdog, lambda sweep: None if self._ended else record(sweep))
+
+    def job_exited(self, root: int, timeout_s: float) -> None:
+        """The job (its root PID ``root``) has ended: one more sweep looks for the processes it
+        started that still hold a GPU (summary and ``orphan`` alerts); bounded by
+        ``timeout_s``."""
+        if self.leftovers is None:
+            return
+        # The view, the summary's series and the recording end with the job's last sweep.
+        self._ended = True
+        self.view.stop()
+        self.leftovers.job_exited(root, getattr(self.sampler, "wake", lambda: None), timeout_s)
+
+    def _on_leftovers(self, found: list[Any], snap: Any) -> None:
+        """On the sampler thread, after detection: the summary's list, and each leftover as an
+        alert through the breaker to the actions (log line, notifications), as any alert."""
+        from otel_gpu.agent.leftovers import orphan_alert
+
+        self.summary.leftovers = [f.to_dict() for f in found]
+        watchdog = self.watchdog
+        if watchdog is None:
+            return
+        for leftover in found:
+            alert = orphan_alert(leftover, snap.time)
+            transitions = watchdog.breaker.record_alert(alert)
+            for listener in watchdog.alert_listeners:
+                listener(alert)
+            for t in transitions:
+                if watchdog.dispatcher is not None:
+                    watchdog.dispatcher.on_transition(t)
+                for listener in watchdog.transition_listeners:
+                    listener(t)
 
     def start(self, name: str, pid: int, settings: Any) -> None:
         """Start the view with one line saying what is watched and where the metrics go."""
@@ -136,6 +180,7 @@ class RunOutputs:
             "notifications_failed": stats.failed,
             "notifications_dropped": stats.dropped + stats.abandoned,
             "stops_requested": stats.stops,
+            "stops_refused": stats.stops_refused,
         }
 
 

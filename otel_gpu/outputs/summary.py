@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from otel_gpu.core import units
+from otel_gpu.core.printable import printable
 from otel_gpu.core.redact import redact_value
 from otel_gpu.detect.breaker import Transition
 from otel_gpu.detect.engine import Engine
@@ -73,6 +74,8 @@ class RunSummary:
     alerts: list[Alert] = field(default_factory=list)
     alerts_dropped: int = 0
     transitions: list[Transition] = field(default_factory=list)
+    # GPU processes the job started that outlived it (agent/leftovers.py), set at its end.
+    leftovers: list[dict[str, Any]] = field(default_factory=list)
 
     def observe(self, subject: str, point: Point, label: str | None = None) -> None:
         """One point as the engine saw it (``rss:`` subjects are host memory: not summarised;
@@ -156,6 +159,7 @@ class RunSummary:
                 for t in self.transitions
             ],
             "actions": actions or {},
+            "leftovers": list(self.leftovers),
         }
 
     def _label(self, subject: str) -> str:
@@ -192,7 +196,7 @@ def render(data: dict[str, Any], console: Console) -> None:
         if "busy_fraction" in s:
             profile = f"{units.fraction(s['busy_fraction'])}/{units.fraction(s['idle_fraction'])}"
         rows.add_row(
-            s["label"],
+            printable(s["label"]),
             units.memory(s["peak_bytes"]),
             units.memory(s["final_bytes"]),
             units.rate(s["floor_rate_bytes_per_s"]),
@@ -202,14 +206,26 @@ def render(data: dict[str, Any], console: Console) -> None:
     alerts = data["alerts"]
     lines.append(Text(f"alerts: {len(alerts) + data.get('alerts_not_listed', 0)}"))
     for a in alerts[:5]:
-        lines.append(Text(f"  {a['kind']} {a['label']}: {a['message']}", style="yellow"))
+        what = printable(f"  {a['kind']} {a['label']}: {a['message']}")
+        lines.append(Text(what, style="yellow"))
         found = a.get("diagnosis") or {}
         for line in (found.get("lines") or [])[:3]:
-            lines.append(Text(f"    {line}"))
+            lines.append(Text(printable(f"    {line}")))
         if found and not found.get("lines") and found.get("error"):
-            lines.append(Text(f"    no diagnosis: {found['error']}", style="dim"))
+            lines.append(Text(printable(f"    no diagnosis: {found['error']}"), style="dim"))
     if len(alerts) > 5:
         lines.append(Text(f"  ... {len(alerts) - 5} more (see --summary-json)", style="dim"))
+    for left in data.get("leftovers") or ():
+        held = "" if left.get("used_bytes") is None else f" {units.memory(left['used_bytes'])}"
+        lines.append(
+            Text(
+                printable(
+                    f"still running after the job: {left['name']} (PID {left['pid']}) holds"
+                    f"{held} on {left['gpu']}; it was started by the job, end it to free the GPU"
+                ),
+                style="bold yellow",
+            )
+        )
     acts = data.get("actions") or {}
     if acts:
         lines.append(
@@ -217,6 +233,11 @@ def render(data: dict[str, Any], console: Console) -> None:
                 f"actions: {acts.get('notifications_delivered', 0)} notifications sent, "
                 f"{acts.get('notifications_failed', 0)} failed, "
                 f"stop requested {acts.get('stops_requested', 0)} times"
+                + (
+                    f", refused {acts['stops_refused']} times (not the job's own problem)"
+                    if acts.get("stops_refused")
+                    else ""
+                )
             )
         )
     console.print(Group(*lines))

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from otel_gpu.core.printable import printable
 from otel_gpu.core.units import gpu_label
 from otel_gpu.detect.breaker import Breaker
 from otel_gpu.detect.engine import Engine
@@ -65,7 +66,7 @@ def labels(snap: Snapshot) -> dict[str, str]:
     for g in snap.gpus:
         name = short_model(g.name)
         out[f"gpu:{g.uuid}"] = f"{gpu_label(g.index, g.uuid)}{' ' + name if name else ''}"
-    names = {p.pid: p.executable_name or "?" for p in snap.processes}
+    names = {p.pid: printable(p.executable_name or "?") for p in snap.processes}
     for gp in snap.gpu_processes:
         local = snap.host_to_local.get(gp.pid, gp.pid)
         gpu = gpu_label(index.get(gp.gpu_uuid), gp.gpu_uuid).split()[0]
@@ -79,4 +80,4 @@ def short_model(name: str | None) -> str:
     """``NVIDIA H100 80GB HBM3`` -> ``H100 80GB HBM3`` (the vendor is always NVIDIA here)."""
     if not name:
         return ""
-    return name.removeprefix("NVIDIA ")
+    return printable(name.removeprefix("NVIDIA "))

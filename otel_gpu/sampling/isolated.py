@@ -197,6 +197,10 @@ class SamplerProcess(Published):
         )
         self._thread.start()
 
+    def wake(self) -> None:
+        """Ask the helper for a sweep now instead of at the end of its interval."""
+        self._send("sweep")
+
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the helper (asked, then killed at half the bound) and the supervisor."""
         self._stop.set()

@@ -17,7 +17,8 @@ documents the same rules; a counter that goes backwards is handled where series 
 * process utilization samples stamped more than ``SAMPLE_CLOCK_SLACK_S`` in the future, or not
   after the newest one seen: ignored (a future stamp would otherwise make NVML answer "nothing
   newer" until the clock catches up); a sample value above 100 %: left out of the average.
-* names: invalid UTF-8 bytes become U+FFFD, control characters are removed, blanks trimmed,
+* names: invalid UTF-8 bytes become U+FFFD, escape sequences and control characters are
+  removed, blanks trimmed,
   cut to ``NAME_MAX`` characters; empty: no ``hw.name``. Duplicate names are normal (eight
   identical boards).
 * UUIDs (the series key, ``hw.id``): one that is empty, not printable ASCII or longer than
@@ -28,6 +29,8 @@ documents the same rules; a counter that goes backwards is handled where series 
 from __future__ import annotations
 
 from typing import Any
+
+from otel_gpu.core.printable import printable
 
 NAME_MAX = 64  # characters of hw.name; NVML model and MIG profile names fit in 40
 UUID_MAX = 95  # NVML_DEVICE_UUID_V2_BUFFER_SIZE - 1
@@ -73,7 +76,8 @@ def process_memory(used: int | None, device_total: int | None) -> int | None:
 def name(raw: Any) -> str | None:
     """A printable device name of at most NAME_MAX characters, or None."""
     text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-    text = "".join(c for c in text if c.isprintable()).strip()[:NAME_MAX].rstrip()
+    # Escape sequences go whole (not their printable tail: an OSC's title, a CSI's "[2J").
+    text = "".join(c for c in printable(text) if c.isprintable()).strip()[:NAME_MAX].rstrip()
     return text or None
 
 

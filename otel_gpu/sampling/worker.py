@@ -20,6 +20,7 @@ import threading
 import time
 from typing import BinaryIO
 
+from otel_gpu.core.printable import PrintableFormatter
 from otel_gpu.sampling.isolated import EXIT_HUNG, SamplerSpec, encode_frame
 from otel_gpu.sampling.procs import ProcessTree
 from otel_gpu.sampling.sampler import Sampler
@@ -95,10 +96,9 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     faulthandler.enable()  # a native crash leaves the Python stack on stderr
     spec = SamplerSpec.from_json(sys.stdin.readline() or "{}")
-    logging.basicConfig(
-        level=spec.log_level,
-        format="otel-gpu: %(levelname)s %(name)s: %(message)s",
-    )
+    handler = logging.StreamHandler()  # stderr: the wrapper's terminal
+    handler.setFormatter(PrintableFormatter("otel-gpu: %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=spec.log_level, handlers=[handler])
     writer = FrameWriter(frames)
     monitor = HangMonitor(spec.hang_after_s, writer)
     tree = ProcessTree(
@@ -121,6 +121,8 @@ def main() -> int:
         for line in sys.stdin:
             if line.strip() == "stop":
                 break
+            if line.strip() == "sweep":  # the agent wants a sweep now (the job just ended)
+                sampler.wake()
         stop.set()  # end of stdin: the agent is gone or asked us to stop
         sampler.wake()
 

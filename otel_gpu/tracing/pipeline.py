@@ -37,6 +37,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.util._importlib_metadata import entry_points
 
 from otel_gpu.core.errors import UsageError
+from otel_gpu.core.otlp import check_otlp_environment
 from otel_gpu.core.redact import COMMAND_REDACTED
 from otel_gpu.core.redact_sdk import RedactingLogProcessor, redact_resource
 from otel_gpu.core.shutdown import close_all
@@ -82,8 +83,8 @@ def build(
     )
     for exporter in _exporters("traces"):
         tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
-    # `prometheus` (opentelemetry-exporter-prometheus) is a reader serving /metrics itself; its
-    # HTTP thread does not survive fork(), so a forked worker exports nothing through it.
+    # `prometheus` is a reader serving /metrics itself (core/prometheus.py); its HTTP thread
+    # does not survive fork(), so a forked worker exports nothing through it.
     readers: list[MetricReader] = [
         exporter
         if isinstance(exporter, MetricReader)
@@ -138,6 +139,18 @@ def _exporters(signal: str) -> list[Any]:
         if name.lower() == "none":
             continue
         group = f"opentelemetry_{signal}_exporter"
+        if signal == "metrics" and name.lower() == "prometheus":
+            # Not the SDK's reader: it serves on prometheus_client's server, a thread per
+            # connection with no timeout, and a client that resets prints a traceback on the
+            # job's terminal each time. The agent's bounded endpoint reads the same variables.
+            from otel_gpu.core.prometheus import ScrapeEndpoint  # only when asked: ~30 ms
+
+            out.append(ScrapeEndpoint.from_env(os.environ))
+            continue
+        if name.lower() == "otlp":
+            # A malformed header list would be logged in full by the SDK and the exports would
+            # go without it: refused here (one line, masked), telemetry off in this process.
+            check_otlp_environment(os.environ)
         found = list(entry_points(group=group, name=exporter_entry_point(name, signal)))
         if not found:
             installed = sorted({"otlp", *entry_points(group=group).names})

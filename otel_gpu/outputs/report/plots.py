@@ -8,9 +8,10 @@ built with the object API (no pyplot global state), so it is safe off the main t
 
 from __future__ import annotations
 
+import functools
 import io
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from matplotlib import rc_context
 from matplotlib.axes import Axes
@@ -23,6 +24,19 @@ from otel_gpu.outputs.report.replay import Run, Series
 
 PHASE_COLOURS = {"load": "#9ecae1", "evaluate": "#fdd0a2", "save": "#c7e9c0"}
 TRANSITION_MARKS = {OPEN: ("^", "#d62728"), HALF_OPEN: ("D", "#ff7f0e"), CLOSED: ("v", "#2ca02c")}
+
+# Labels are process and GPU names, shown as they are: matplotlib would read "$...$" in them as
+# mathtext (a name like "run$_$" raises ValueError and the whole report fails). Each Text takes
+# this setting (text.parse_math) when it is created, so figures are built and drawn under it.
+
+
+def _literal_text(build: Callable[[Run], Figure]) -> Callable[[Run], Figure]:
+    @functools.wraps(build)
+    def wrapper(run: Run) -> Figure:
+        with rc_context({"text.parse_math": False}):
+            return build(run)
+
+    return wrapper
 
 
 def _scale(run: Run) -> tuple[float, str]:
@@ -90,6 +104,7 @@ def _values(s: Series, values: list[float | None], scale: float) -> tuple[list[f
     return xs, ys
 
 
+@_literal_text
 def memory_figure(run: Run) -> Figure:
     """GPU memory per process (GiB) with the engine's floor and each leak alert's fitted rate;
     the GPUs' memory when no process holds any."""
@@ -125,6 +140,7 @@ def memory_figure(run: Run) -> Figure:
     return fig
 
 
+@_literal_text
 def activity_figure(run: Run) -> Figure:
     """Utilization (%) and power (W) per GPU."""
     fig = Figure(figsize=(10, 3.6), layout="constrained")
@@ -157,7 +173,7 @@ def to_svg(fig: Figure, salt: str) -> str:
     """The figure as an ``<svg>`` element for inline HTML: no XML prolog or DOCTYPE (which
     names an external DTD), text kept as text, ids made unique per figure by ``salt``."""
     buf = io.StringIO()
-    with rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}):
+    with rc_context({"svg.fonttype": "none", "svg.hashsalt": salt, "text.parse_math": False}):
         FigureCanvasSVG(fig).print_svg(buf, metadata={"Date": None})
     text = re.sub(r"^.*?(?=<svg)", "", buf.getvalue(), count=1, flags=re.S)
     # The RDF metadata block only names matplotlib (with URLs); the page says what made it.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from otel_gpu.core.printable import printable
 from otel_gpu.core.units import gpu_label
 from otel_gpu.detect.breaker import CLOSED, HALF_OPEN, OPEN
 from otel_gpu.detect.model import Alert
@@ -96,7 +97,7 @@ def build_frame(sweep: Sweep, started: float, last_alert: Alert | None = None) -
         rows.append(
             ProcessRow(
                 local,
-                (p.executable_name if p is not None else None) or "?",
+                printable((p.executable_name if p is not None else None) or "?"),
                 gpu_label(index.get(gp.gpu_uuid), gp.gpu_uuid).split()[0],
                 gp.used_memory,
                 trend.rate if trend is not None else None,
@@ -124,6 +125,6 @@ def build_frame(sweep: Sweep, started: float, last_alert: Alert | None = None) -
         worst=None if worst is None else names.get(worst, worst),
         last_alert=last_alert,
         last_alert_label=None if last_alert is None else names.get(last_alert.subject),
-        no_gpu_reason=snap.no_gpu_reason,
+        no_gpu_reason=None if snap.no_gpu_reason is None else printable(snap.no_gpu_reason),
         detecting=sweep.breaker is not None,
     )

@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from rich.console import Console
 
+from otel_gpu.core.printable import printable
 from otel_gpu.detect.model import Alert
 from otel_gpu.outputs.sweeps import Sweep
 from otel_gpu.outputs.view.frame import Frame, build_frame
@@ -111,7 +112,8 @@ class LiveView:
     def _run(self, first_line: str | None) -> None:
         try:
             if first_line:  # written here too: a stalled terminal must not hold the caller
-                self.console.print(first_line, markup=False, highlight=False, soft_wrap=True)
+                shown = printable(first_line)  # it names the job's program
+                self.console.print(shown, markup=False, highlight=False, soft_wrap=True)
             if self.mode == LIVE:
                 self._pinned = PinnedRegion(self.console)
             while not self._stop.is_set():

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from otel_gpu.core import units
+from otel_gpu.core.printable import printable
 from otel_gpu.detect.breaker import HALF_OPEN, OPEN
 from otel_gpu.outputs.view.frame import Frame, GpuRow, ProcessRow
 
@@ -52,10 +53,10 @@ def _trend_style(row: ProcessRow) -> str:
 
 
 def header(frame: Frame, title: str) -> Text:
-    text = Text(title, style="bold")
+    text = Text(printable(title), style="bold")
     text.append(f"  up {clock(frame.elapsed_s)}")
     if frame.phase:
-        text.append(f"  phase {frame.phase}")
+        text.append(f"  phase {printable(frame.phase)}")
     return text
 
 
@@ -68,7 +69,7 @@ def breaker_line(frame: Frame) -> Text:
     style = "bold red" if OPEN in frame.breakers else "yellow"
     text = Text.assemble("breaker ", (", ".join(parts), style))
     if frame.worst:
-        text.append(f" ({frame.worst})")
+        text.append(f" ({printable(frame.worst)})")
     return text
 
 
@@ -83,8 +84,8 @@ def alert_line(frame: Frame) -> Text:
     return Text.assemble(
         "last alert ",
         (f"{when} {a.kind}", style),
-        f" {frame.last_alert_label or a.subject}: {a.message}",
-        *((f" · where: {where[0]}",) if where else ()),
+        printable(f" {frame.last_alert_label or a.subject}: {a.message}"),
+        *((printable(f" · where: {where[0]}"),) if where else ()),
     )
 
 
@@ -154,7 +155,8 @@ def table(frame: Frame, title: str) -> RenderableType:
 def plain_line(frame: Frame, title: str) -> str:
     """One line per interval for logs and pipes: every GPU and GPU process, breaker, alert."""
     parts = [
-        f"{title} up {clock(frame.elapsed_s)}" + (f" phase {frame.phase}" if frame.phase else "")
+        f"{printable(title)} up {clock(frame.elapsed_s)}"
+        + (f" phase {printable(frame.phase)}" if frame.phase else "")
     ]
     if frame.no_gpu_reason:
         parts.append(f"no GPU data: {frame.no_gpu_reason}")
@@ -171,5 +173,5 @@ def plain_line(frame: Frame, title: str) -> str:
     parts.append(breaker_line(frame).plain)
     a = frame.last_alert
     if a is not None:
-        parts.append(f"last alert {a.kind} {frame.last_alert_label or a.subject}")
+        parts.append(printable(f"last alert {a.kind} {frame.last_alert_label or a.subject}"))
     return " | ".join(parts)
