@@ -38,7 +38,7 @@ def by_index(reading):
 # ---- the fake itself -------------------------------------------------------------------------
 
 
-@pytest.mark.unit
+@pytest.mark.process  # runs the C compiler
 def test_fake_compiles_against_nvidia_nvml_h():
     result = check_abi(BUILD_DIR)
     if not result.ran:

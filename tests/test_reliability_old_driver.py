@@ -5,6 +5,8 @@ event" name of the throttle reasons); the agent reads the same values through th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pynvml
 import pytest
 from fakenvml.fixtures import FakeNvml
@@ -43,12 +45,16 @@ SYMBOLS_USED = {
 
 @pytest.mark.parametrize("driver", sorted(SYMBOLS_USED))
 def test_an_old_driver_is_read_through_the_older_functions(
-    request: pytest.FixtureRequest, driver: str
+    request: pytest.FixtureRequest,
+    driver: str,
+    fake_nvml_library: Path,
+    fake_nvml_legacy_library: Path,
 ):
     """A driver without the _v3 process lists, memory info v2, TemperatureV and the "clocks
     event" name (the legacy build) still gives every process list, the memory, the temperature
     and the throttle reasons, through _v2, v1, nvmlDeviceGetTemperature and the "throttle"
     name; a current one is read through the newest functions only."""
+    # both builds are the session's (set up before this test, whichever runs first)
     fake: FakeNvml = request.getfixturevalue("legacy_nvml" if driver == "legacy" else "fake_nvml")
     fake.write(OLD_DRIVER_SCENARIO)
     src = fake.source()
