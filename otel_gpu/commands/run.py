@@ -10,6 +10,7 @@ from pathlib import Path
 
 from otel_gpu.commands.common import (
     add_agent_options,
+    add_command,
     build_resource,
     job_environment,
     settings_from_args,
@@ -26,12 +27,14 @@ from otel_gpu.outputs.run_outputs import RunOutputs, add_output_options
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
+    parser = add_command(
+        sub,
         "run",
-        help="launch a command and watch its process tree and GPUs",
-        description="Launch CMD, watch its whole process tree and its GPUs (CUDA_VISIBLE_DEVICES), "
-        "export metrics, detect leaks and stalls, forward SIGINT/SIGTERM/SIGHUP/SIGQUIT/SIGUSR1/"
-        "SIGUSR2 to it, and exit with its exit code (128+N when a signal N ended it).",
+        "launch a command and watch its process tree and GPUs",
+        """Launch CMD, watch its whole process tree and its GPUs
+        (CUDA_VISIBLE_DEVICES), export metrics, detect leaks and stalls, forward
+        SIGINT/SIGTERM/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 to it, and exit with its exit
+        code (128+N when a signal N ended it).""",
     )
     add_agent_options(parser)
     add_output_options(parser)
