@@ -305,7 +305,7 @@ class RecordedOutputs(RunOutputs):
         self.calls.append("outputs.attach")
         super().attach(sampler, watchdog)
 
-    def start(self, name: str, pid: int, settings: Any) -> None:
+    def start(self, name: str, pid: int, settings: Any, resource: Any = None) -> None:
         self.calls.append("outputs.start")
         super().start(name, pid, settings)
 

@@ -158,7 +158,9 @@ class Outputs(Protocol):
 
     def attach(self, sampler: Any, watchdog: Any) -> None: ...
 
-    def start(self, name: str, pid: int, settings: Any) -> None: ...
+    def start(
+        self, name: str, pid: int, settings: Any, resource: Mapping[str, Any] | None = None
+    ) -> None: ...
 
     def job_exited(self, root: int, timeout_s: float) -> None: ...
 
@@ -191,6 +193,7 @@ class AgentSession:
         self.parts = list(parts)
         self.agent: Agent | None = None
         self.provider: MeterProvider | None = None
+        self.resource: Resource | None = None  # the exported one, once built
         self.detection: DetectionSettings | None = None
         self.endpoints: AgentEndpoints | None = None
         self.outputs: Outputs | None = None
@@ -280,7 +283,8 @@ class AgentSession:
                 part.start()
             self.endpoints.attach(self.agent)
             if self.outputs is not None:
-                self.outputs.start(self.job.name, inputs.roots[0], self.settings)
+                resource = self.resource.attributes if self.resource is not None else None
+                self.outputs.start(self.job.name, inputs.roots[0], self.settings, resource)
         except Exception as exc:
             self.job.agent_failed(exc)  # raises unless the job runs on unwatched
             self.endpoints.agent_failed(str(exc))
@@ -307,9 +311,10 @@ class AgentSession:
         from otel_gpu.agent.export import meter_provider
 
         assert self.endpoints is not None
+        self.resource = self._resource()
         return meter_provider(
             self.settings,
-            self._resource(),
+            self.resource,
             extra_readers=self._extra_readers,
             export_health=self.endpoints.export_health,
         )

@@ -49,7 +49,12 @@ def run(args: argparse.Namespace) -> int:
 
     detect = load_config(args.config)
     breaker = BreakerConfig.from_env()
-    runs = [replay_recording(name, read_rows(name), detect, breaker) for name in args.files]
+    from otel_gpu.outputs.record import read_context
+
+    runs = [
+        replay_recording(name, read_rows(name), detect, breaker, read_context(name))
+        for name in args.files
+    ]
     try:
         with open(args.output, "w", encoding="utf-8") as fh:
             fh.write(page(runs))

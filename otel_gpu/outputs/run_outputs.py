@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import logging
 import os
+import socket
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from otel_gpu.core.errors import UsageError
@@ -140,9 +143,14 @@ class RunOutputs:
                 for listener in watchdog.transition_listeners:
                     listener(t)
 
-    def start(self, name: str, pid: int, settings: Any) -> None:
-        """Start the view with one line saying what is watched and where the metrics go."""
+    def start(
+        self, name: str, pid: int, settings: Any, resource: Mapping[str, Any] | None = None
+    ) -> None:
+        """Start the view with one line saying what is watched and where the metrics go; the
+        recording gets the run's context (``resource``: the exported resource's attributes)."""
         self._started = time.monotonic()
+        if self.recorder is not None:
+            self.recorder.write_context(run_context(settings, resource or {}))
         self.view.start(
             f"otel-gpu: watching {name} (PID {pid}) every {settings.interval_s:g} s, "
             f"{describe_export(settings)}, detection {'on' if self.watchdog is not None else 'off'}"
@@ -154,7 +162,16 @@ class RunOutputs:
 
         self.view.stop()
         if self.recorder is not None:
-            self.recorder.close()
+            from otel_gpu.core.redact import redact_command
+
+            self.recorder.close(
+                ending={
+                    "command": redact_command(command) if command else None,
+                    "exit_code": exit_code,
+                    "ended": _wall_time(),
+                    "duration_s": round(time.monotonic() - self._started, 3),
+                }
+            )
         data = self.summary.to_dict(
             duration_s=time.monotonic() - self._started,
             exit_code=exit_code,
@@ -182,6 +199,25 @@ class RunOutputs:
             "stops_requested": stats.stops,
             "stops_refused": stats.stops_refused,
         }
+
+
+def run_context(settings: Any, resource: Mapping[str, Any]) -> dict[str, Any]:
+    """What the report says of a run besides its data: where, which code, when, simulated."""
+    from otel_gpu.resource.git import VCS_DIRTY
+
+    return {
+        "host": resource.get("host.name") or socket.gethostname(),
+        "service": resource.get("service.name"),
+        "revision": resource.get("vcs.ref.head.revision"),
+        "ref": resource.get("vcs.ref.head.name"),
+        "dirty": resource.get(VCS_DIRTY),
+        "started": _wall_time(),
+        "simulated": getattr(settings, "simulate", None) or None,
+    }
+
+
+def _wall_time() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def _check_writable(path: str, flag: str) -> None:

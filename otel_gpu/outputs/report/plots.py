@@ -118,9 +118,9 @@ def memory_figure(run: Run) -> Figure:
         colour = f"C{i % 10}"
         xs, ys = _values(s, s.used, units.GIB)
         ax.plot(_x(run, xs), ys, color=colour, lw=1.2, label=s.label)
-        if s.floor:
+        if s.floor:  # the lower envelope the detector judges: a step under the samples
             ax.plot(_x(run, s.floor_times), [f / units.GIB for f in s.floor], color=colour,
-                    lw=2, ls=":", label=f"{s.label} floor")  # fmt: skip
+                    lw=2, ls=":", drawstyle="steps-post", label=f"{s.label} floor")  # fmt: skip
         for a in run.alerts:
             if a.subject != s.subject or a.kind != "leak" or a.rate_bytes_per_s is None:
                 continue
@@ -130,14 +130,30 @@ def memory_figure(run: Run) -> Figure:
             fit = [floor + a.rate_bytes_per_s * (t - a.time) for t in (t0, t1)]
             ax.plot(_x(run, (t0, t1)), [f / units.GIB for f in fit], color="#d62728", lw=1.5,
                     label=f"fitted leak {units.rate(a.rate_bytes_per_s)}")  # fmt: skip
+    for gpu in sorted(run.series.values(), key=lambda s: s.subject):
+        if gpu.subject.startswith("gpu:") and gpu.limit_bytes:
+            ax.axhline(gpu.limit_bytes / units.GIB, color="#555", lw=1, ls="-.",
+                       label=f"{gpu.label} memory limit")  # fmt: skip
     _decorate(ax, run, {s.subject for s in shown} | {s for s in run.series if "gpu:" in s})
     _, unit = _scale(run)
     ax.set_xlabel(f"time since start ({unit})")
     ax.set_ylabel("GPU memory (GiB)")
+    ax.set_ylim(bottom=0)
     ax.set_title("GPU memory per process, floor and fitted leak rate")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", ncols=2)
+    _legend_below(fig, ax)
     return fig
+
+
+def _legend_below(fig: Figure, *axes: Axes) -> None:
+    """One legend under the plot, outside the axes, so it covers no data."""
+    handles, names = [], []
+    for ax in axes:
+        more, more_names = ax.get_legend_handles_labels()
+        handles += more
+        names += more_names
+    if handles:
+        fig.legend(handles, names, loc="outside lower center", fontsize=7, ncols=4, frameon=False)
 
 
 @_literal_text
@@ -163,9 +179,7 @@ def activity_figure(run: Run) -> Figure:
     power_ax.set_ylim(bottom=0)
     ax.set_title("GPU utilization and power")
     ax.grid(alpha=0.3)
-    lines, names = ax.get_legend_handles_labels()
-    more, more_names = power_ax.get_legend_handles_labels()
-    ax.legend(lines + more, names + more_names, fontsize=7, loc="lower left", ncols=2)
+    _legend_below(fig, ax, power_ax)
     return fig
 
 
