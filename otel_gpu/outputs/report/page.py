@@ -92,7 +92,9 @@ def context_table(run: Run) -> str:
         ("exit code", None if code is None else str(code)),
         (
             "simulated",
-            f"yes (--simulate {c['simulated']}: no real GPU was read)" if c.get("simulated") else None,
+            f"yes (--simulate {c['simulated']}: no real GPU was read)"
+            if c.get("simulated")
+            else None,
         ),
     ]
     shown = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows if v)
