@@ -112,8 +112,20 @@ def test_a_plain_python_job_joins_view_record_and_summary(tmp_path: Path) -> Non
     assert training["steps"] == 24
     assert training["step_rate_per_s"] > 1
     assert set(training["phases_s"]) >= {"train"}
-    assert "phase train  step " in proc.stderr  # the view's title line
-    assert "training: 24 steps" in proc.stderr  # the summary
+    assert training["last"]["loss"] == pytest.approx(
+        1 / 24, abs=1e-6
+    )  # the trainer's numbers (19.2)
+    assert training["last"]["step_s"] > 0
+    assert "phase train  step " in proc.stderr and " loss " in proc.stderr  # the view title
+    assert "training: 24 steps" in proc.stderr and "last loss 0.04167" in proc.stderr
+    # The report draws the training progress from the recording's step column.
+    page = tmp_path / "report.html"
+    made = subprocess.run(
+        [*CLI, "report", str(record), "-o", str(page)],
+        capture_output=True, text=True, timeout=120, env=clean_env(),
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert 'id="training-0"' in page.read_text() and "Training progress" in page.read_text()
     # --exporter none reached the trainer: no export attempt, no retry lines in the output.
     assert "EXPORTERS none none" in proc.stdout
     assert "Failed to export" not in proc.stderr and "Transient error" not in proc.stderr

@@ -54,6 +54,7 @@ class TrainerState:
     hello: bool = False
     polled: float = 0.0  # monotonic time of the last poll (oldest first when over the cap)
     recent: list[tuple[int, float]] = field(default_factory=list)  # (step, wall time) ends
+    numbers: dict[str, float] = field(default_factory=dict)  # loss, learning_rate, step_s, ...
 
     def step_rate(self) -> float | None:
         """Steps per second over the recent step ends; None before two."""
@@ -177,6 +178,13 @@ class TrainerProgress:
         phase, step = reply.get("phase"), reply.get("step")
         state.phase = phase if isinstance(phase, str) else None
         state.step = step if isinstance(step, int) and not isinstance(step, bool) else None
+        numbers = reply.get("numbers")
+        if isinstance(numbers, dict):
+            state.numbers = {
+                k: float(v)
+                for k, v in numbers.items()
+                if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
         seq = reply.get("seq")
         ends = reply.get("steps") or []
         lost = reply.get("lost")
@@ -222,14 +230,26 @@ class TrainerProgress:
             steps = [t.step for t in self._trainers.values() if t.step is not None]
         return float(min(steps)) if steps else None
 
+    def numbers(self) -> dict[str, float]:
+        """The main trainer's last training numbers (``loss``, ``learning_rate``, ...)."""
+        main = self._main()
+        return dict(main.numbers) if main is not None else {}
+
     def title(self) -> str | None:
-        """For the live view's title line: ``phase train  step 1234``; None before any."""
-        phase, step = self.phase(), self.step()
+        """For the live view's title line: ``phase train  step 1234  loss 0.412``; None
+        before any."""
+        phase, step, numbers = self.phase(), self.step(), self.numbers()
         parts = []
         if phase:
             parts.append(f"phase {phase}")
         if step is not None:
             parts.append(f"step {int(step)}")
+        if "loss" in numbers:
+            parts.append(f"loss {numbers['loss']:.4g}")
+        if "samples_per_s" in numbers:
+            parts.append(f"{numbers['samples_per_s']:.3g} samples/s")
+        elif "tokens_per_s" in numbers:
+            parts.append(f"{numbers['tokens_per_s']:.3g} tokens/s")
         return "  ".join(parts) or None
 
     def as_trainer(self) -> Any:
@@ -253,6 +273,7 @@ class TrainerProgress:
             rate = _overall_rate(best)
             out["step_rate_per_s"] = None if rate is None else round(rate, 3)
             out["processes"] = max(trainers, self._answered)
+            out["last"] = {k: round(v, 6) for k, v in best.numbers.items()}
         return out
 
 

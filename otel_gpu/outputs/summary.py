@@ -186,6 +186,9 @@ def training_line(training: dict[str, Any] | None) -> str | None:
         said.append(f"{training['steps']} steps")
     if training.get("step_rate_per_s") is not None:
         said.append(f"{training['step_rate_per_s']:.3g} steps/s")
+    last = training.get("last") or {}
+    if last.get("loss") is not None:
+        said.append(f"last loss {last['loss']:.4g}")
     phases = training.get("phases_s") or {}
     text = "training: " + (", ".join(said) or "no steps")
     if phases:

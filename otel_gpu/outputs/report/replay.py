@@ -30,6 +30,7 @@ class Series:
     util: list[float | None] = field(default_factory=list)
     power: list[float | None] = field(default_factory=list)
     phase: list[str | None] = field(default_factory=list)
+    step: list[float | None] = field(default_factory=list)  # the trainers' (the join's)
     floor_times: list[float] = field(default_factory=list)
     floor: list[float] = field(default_factory=list)
 
@@ -82,6 +83,7 @@ def replay_recording(
         s.util.append(p.util)
         s.power.append(p.power_w)
         s.phase.append(p.phase)
+        s.step.append(p.step)
         summary.observe(subject, p, row.label)
         for alert in engine.observe(subject, p):
             alerts.append(alert)
