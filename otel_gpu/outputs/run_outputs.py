@@ -76,15 +76,19 @@ class RunOutputs:
         self.watchdog: Any = None
         self.sampler: Any = None
         self.leftovers: Any = None
+        self.progress: Any = None  # the trainers' progress (agent/trainers.py), when joined
         self._ended = False  # the job has ended: later sweeps are only for its leftovers
         self._started = time.monotonic()
 
-    def attach(self, sampler: Any, watchdog: Any) -> None:
-        """Listen to an agent's sweeps (before it starts)."""
+    def attach(self, sampler: Any, watchdog: Any, progress: Any = None) -> None:
+        """Listen to an agent's sweeps (before it starts); ``progress``: the trainers' phase
+        and step (:class:`otel_gpu.agent.trainers.TrainerProgress`) for the view's title and
+        the summary."""
         from otel_gpu.agent.leftovers import LeftoverWatch
         from otel_gpu.outputs.sweeps import labels, on_sweeps
 
-        self.watchdog, self.sampler = watchdog, sampler
+        self.watchdog, self.sampler, self.progress = watchdog, sampler, progress
+        self.view.training = None if progress is None else progress.title
         self.view.attach(sampler, watchdog)
         self.leftovers = LeftoverWatch()
         self.leftovers.listeners.append(self._on_leftovers)
@@ -177,6 +181,7 @@ class RunOutputs:
             exit_code=exit_code,
             command=command,
             actions=self._actions(),
+            training=None if self.progress is None else self.progress.summary(),
         )
         if not self.quiet:
             with contextlib.suppress(OSError):  # stderr closed: nothing to show it on

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from otel_gpu.core import units
-from otel_gpu.outputs.report.plots import activity_figure, memory_figure, to_svg
+from otel_gpu.outputs.report.plots import activity_figure, memory_figure, to_svg, training_figure
 from otel_gpu.outputs.report.replay import Run
 
 CSS = """
@@ -106,6 +106,13 @@ def context_table(run: Run) -> str:
 def run_section(run: Run, index: int) -> str:
     memory = to_svg(memory_figure(run), f"run{index}-memory")
     activity = to_svg(activity_figure(run), f"run{index}-activity")
+    progress = training_figure(run)
+    training = (
+        ""
+        if progress is None
+        else f'<div class="plot" id="training-{index}">'
+        f"{to_svg(progress, f'run{index}-training')}</div>"
+    )
     return (
         f'<section class="run"><h2>{_esc(run.name)}</h2>'
         f'<p class="muted">{units.duration(run.end - run.start)} of data, '
@@ -114,6 +121,7 @@ def run_section(run: Run, index: int) -> str:
         f"<h3>Summary</h3>{summary_table(run)}"
         f'<div class="plot" id="memory-{index}">{memory}</div>'
         f'<div class="plot" id="activity-{index}">{activity}</div>'
+        f"{training}"
         f"<h3>Alerts and breaker transitions</h3>{alerts_table(run)}</section>"
     )
 
