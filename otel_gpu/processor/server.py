@@ -19,6 +19,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import asdict
 from typing import Any
@@ -86,7 +87,10 @@ class Processor:
         actions: Any = None,
         memory: MemoryLimiter | None = None,
         scrape: ProcessorScrape | None = None,
+        queues: Callable[[str], ForwardQueue] | None = None,
     ) -> None:
+        """``queues``: the forward queue for a downstream target (default: memory, or the
+        disk queue of ``--queue-dir``)."""
         self.config = config
         self._scrape = scrape  # served until stop(), which closes it
         self._store = StateStore(config.state_path, source=config.source("state_path"))
@@ -102,7 +106,7 @@ class Processor:
         self.forwarders = [
             Forwarder(
                 d,
-                self._queue_for(d.target),
+                (queues or self._queue_for)(d.target),
                 config.forward_timeout_s,
                 config.forward_retry_s,
                 config.max_recv_bytes,
