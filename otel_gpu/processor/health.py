@@ -10,9 +10,11 @@ Before the first request it answers 200 (``ok: waiting for data``), so a freshly
 processor is not restarted for having no clients yet. ``GET /stats`` returns the counters as
 JSON. Nothing secret is ever in either answer.
 
-Bounded under abuse: at most ``max_connections`` connections are served at once, by as many
-pooled threads at most; a connection beyond that is closed at once, and one that sends nothing
-is dropped after ``_IDLE_S``, so idle connections cannot pile up threads.
+Bounded under abuse (:mod:`otel_gpu.core.http`): at most ``max_connections`` requests are
+served at once, by as many pooled threads, plus one reserved for ``/healthz``; a request
+beyond that is closed at once, and a connection that has not sent its whole request within
+``_IDLE_S`` is dropped (it is read without holding a thread), so idle or trickling
+connections cannot pile up threads or starve the probe.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from otel_gpu.core.http import Reply, RouteServer
 
-_IDLE_S = 2.0  # a connection that has not sent its request by then is closed
+_IDLE_S = 2.0  # a connection that has not sent its whole request by then is closed
 
 
 class HealthServer(RouteServer):
