@@ -192,6 +192,16 @@ DECLARED = (
         "--max-inflight", "N",
     ),
     Setting(
+        "max_calls_per_peer", None, _COUNT,
+        "concurrent calls one peer address may hold (waiting for its message or being "
+        "served); more are refused with RESOURCE_EXHAUSTED", "16", "--max-calls-per-peer", "N",
+    ),
+    Setting(
+        "receive_timeout_s", None, _SECONDS,
+        "how long a call may take to send its request message once it has begun; a call "
+        "still silent then is cancelled", "10", "--receive-timeout", "SECONDS",
+    ),
+    Setting(
         "max_requests_per_s", None,
         number(0, accepted="use a number of requests per second >= 0 (0 = unlimited)"),
         "admission rate over all signals; 0 = unlimited", "0", "--max-requests-per-s", "R",
@@ -308,6 +318,10 @@ class ProcessorConfig:
     series_ttl_s: float = 1800.0  # a subject silent this long (wall time) is forgotten
     assemble_grace_s: float = 1.0  # wait this long (wall) for the rest of a timestamp's points
     max_inflight: int = 16  # concurrent export calls; more are pushed back
+    # Calls one peer address holds at once, and how long a call may take to send its message:
+    # half-open calls (headers, never a message) cannot lock the other clients out.
+    max_calls_per_peer: int = 16
+    receive_timeout_s: float = 10.0
     max_requests_per_s: float = 0.0  # admission rate over all signals; 0 = unlimited
     retry_after_s: float = 1.0  # RetryInfo delay sent with a push-back
     # Largest request accepted, after decompression (the Collector's default, 4 MiB).
