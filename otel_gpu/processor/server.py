@@ -350,15 +350,15 @@ class Processor:
                 if request is None:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
                     raise AssertionError("unreachable")  # abort() raises
-                return handle(request, context)
+                return handle(request, context, peer)
             finally:
                 guard.leave(peer)
 
-        def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
+        def handle(request: bytes, context: grpc.ServicerContext, peer: str) -> bytes:
             try:
                 self._admission.admit()
                 try:
-                    reply = body(method, request)
+                    reply = body(method, request, peer)
                 finally:
                     self._admission.release()
                 self._last_accept = time.monotonic()
@@ -420,14 +420,15 @@ class Processor:
                 self.config.retry_after_s,
             )
 
-    def export_metrics(self, method: str, raw: bytes) -> bytes:
-        """Handle one encoded ExportMetricsServiceRequest; returns the encoded response."""
+    def export_metrics(self, method: str, raw: bytes, peer: str = "") -> bytes:
+        """Handle one encoded ExportMetricsServiceRequest from ``peer`` (the client's address);
+        returns the encoded response."""
         items, req = self._validate(method, raw)
         if not items:
             return b""
         self._check_room(len(raw))
         bad, first_error = histogram_violations(req)
-        decoded = self.detection.ingest_metrics(raw)
+        decoded = self.detection.ingest_metrics(raw, peer)
         self._count("metrics_requests")
         payload = raw
         rejected = decoded.rejected + len(bad)
@@ -436,11 +437,21 @@ class Processor:
             payload = strip_rejected(raw, decoded.bad + bad)
         if payload:
             self._enqueue(method, payload)
-        if not rejected:
+        if not rejected and not decoded.overflow:
             return b""
+        messages = [m for m in (decoded.first_error or first_error,) if m and rejected]
+        if decoded.overflow:
+            # Forwarded all the same; but the client is told they were not judged.
+            self._count("overflow_requests")
+            messages.append(
+                f"{decoded.overflow} data points of new GPUs or processes were not judged by "
+                "the processor's detectors: over the subject caps (--max-series-per-peer, "
+                "--max-series-per-reporter, --max-series); forwarded unchanged"
+            )
         return ExportMetricsServiceResponse(
             partial_success=ExportMetricsPartialSuccess(
-                rejected_data_points=rejected, error_message=decoded.first_error or first_error
+                rejected_data_points=rejected + decoded.overflow,
+                error_message="; ".join(messages),
             )
         ).SerializeToString()
 
@@ -461,7 +472,7 @@ class Processor:
             self._count("empty_requests")
         return items, req
 
-    def _export_opaque(self, method: str, raw: bytes) -> bytes:
+    def _export_opaque(self, method: str, raw: bytes, peer: str = "") -> bytes:
         if not self._validate(method, raw)[0]:
             return b""
         self._check_room(len(raw))
@@ -491,7 +502,7 @@ class Processor:
         """(healthy, one line) by the rule documented in :mod:`otel_gpu.processor.health`."""
         if self._stopping:
             return False, "stopping"
-        problems = [self._store.problem(), self.memory.problem()]
+        problems = [self._store.problem(), self.memory.problem(), self.detection.problem()]
         problems += [f.problem() for f in self.forwarders]
         for problem in problems:
             if problem:

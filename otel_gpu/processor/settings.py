@@ -187,6 +187,12 @@ DECLARED = (
         "cannot take the slots of everyone", "2000", "--max-series-per-reporter", "N",
     ),
     Setting(
+        "max_series_per_peer", None, _COUNT,
+        "detection subjects the clients of one peer address may hold, whatever identities "
+        "they claim; behind a gateway (one peer for all) raise it to --max-series", "10000",
+        "--max-series-per-peer", "N",
+    ),
+    Setting(
         "max_inflight", None, _COUNT,
         "concurrent requests before pushing back with RESOURCE_EXHAUSTED", "16",
         "--max-inflight", "N",
@@ -335,6 +341,9 @@ class ProcessorConfig:
     # Detection subjects one reporter (one resource identity) may hold: a client sending
     # thousands of made-up hw.id values fills its own quota, not everyone's --max-series.
     max_series_per_reporter: int = 2_000
+    # Detection subjects one peer address may hold: the reporter identity above is data a
+    # client chooses (ten made-up ones fill ten quotas); its address it cannot choose.
+    max_series_per_peer: int = 10_000
     health_max_connections: int = 32  # concurrent /healthz connections; more are closed
     forward_timeout_s: float = 10.0  # per send attempt
     forward_retry_s: float = 60.0  # give up on one request after retrying this long
