@@ -15,11 +15,14 @@ import logging
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from support.half_open import RawCall
+from support.otlp_receiver import call
 from support.processor import leak_requests
 from support.synth import agent_request, gpu_uuid
 
@@ -31,8 +34,6 @@ from otel_gpu.processor import Processor, ProcessorConfig
 from otel_gpu.processor.pipeline import Detection
 from otel_gpu.processor.store import StateStore
 from otel_gpu.processor.wire import METRICS_EXPORT
-
-pytestmark = pytest.mark.unit
 
 ATTACKER, VICTIM = "10.0.0.66", "10.0.0.7"
 T0 = time.time() - 6 * 3600
@@ -78,6 +79,7 @@ def breaker_points(k: int) -> bytes:
     return req.SerializeToString()  # type: ignore[no-any-return]
 
 
+@pytest.mark.unit
 def test_one_client_claiming_ten_identities_cannot_starve_another_clients_gpus(
     tmp_path: Path,
 ) -> None:
@@ -93,6 +95,7 @@ def test_one_client_claiming_ten_identities_cannot_starve_another_clients_gpus(
     assert stats.alerts >= 1 and stats.cap_refused == 0  # its GPU was judged: the leak found
 
 
+@pytest.mark.unit
 def test_the_quota_log_line_is_once_per_peer(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -104,6 +107,7 @@ def test_the_quota_log_line_is_once_per_peer(
     assert len(lines) == 1 and ATTACKER in lines[0] and "quota of 30" in lines[0]
 
 
+@pytest.mark.unit
 def test_a_full_global_cap_is_logged_once_degrades_health_and_answers_partial_success(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -138,6 +142,7 @@ def test_a_full_global_cap_is_logged_once_degrades_health_and_answers_partial_su
         proc.stop(1)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("voucher", "judged"),
     [(ATTACKER, True), (VICTIM, False)],
@@ -157,3 +162,56 @@ def test_breaker_points_silence_a_subject_only_from_the_peer_that_owns_it(
         assert stats.alerts >= 1 and stats.vouch_refused > 0
     else:  # the reporter's own word: left to its agent, as before
         assert stats.alerts == 0 and stats.agent_watched == 2 and stats.vouch_refused == 0
+
+
+@pytest.mark.process
+def test_over_real_connections_the_quota_follows_the_clients_address() -> None:
+    """The same attack over real sockets: the attacker's calls from 127.0.0.2 (raw HTTP/2),
+    the real node's from 127.0.0.1 (a gRPC client); the processor tells them apart by the
+    address of each connection."""
+    proc = Processor(
+        ProcessorConfig(
+            listen="127.0.0.1:0",
+            max_series=200,
+            max_series_per_reporter=20,
+            max_series_per_peer=100,
+        )
+    )
+    proc.start()
+    attacker = RawCall(int(proc.address.rsplit(":", 1)[1]))
+    try:
+        replies = [attacker.call(METRICS_EXPORT, claimed(identity, 20)) for identity in range(10)]
+        det = proc.stats()["detection"]
+        assert det["subjects"] == 100 and det["peer_refused"] > 0
+        refused = ExportMetricsServiceResponse.FromString(replies[-1]).partial_success
+        assert refused.rejected_data_points > 0 and "--max-series-per-peer" in refused.error_message
+        channel = grpc.insecure_channel(proc.address)
+        for raw in leak_requests(600):
+            reply, _ = call(proc.address, METRICS_EXPORT, raw, channel=channel)
+            assert reply == b""  # every point of the real node judged: no partial_success
+        channel.close()
+        proc.detection.tick(final=True)
+        assert proc.stats()["detection"]["alerts"] >= 1
+    finally:
+        attacker.close()
+        proc.stop(2)
+
+
+@pytest.mark.process
+def test_over_real_connections_another_clients_breaker_points_do_not_silence_a_leak() -> None:
+    proc = Processor(ProcessorConfig(listen="127.0.0.1:0"))
+    proc.start()
+    attacker = RawCall(int(proc.address.rsplit(":", 1)[1]))
+    try:
+        channel = grpc.insecure_channel(proc.address)
+        for k, raw in enumerate(leak_requests(600)):
+            if k % 20 == 0:
+                attacker.call(METRICS_EXPORT, breaker_points(k))
+            call(proc.address, METRICS_EXPORT, raw, channel=channel)
+        channel.close()
+        proc.detection.tick(final=True)
+        det = proc.stats()["detection"]
+        assert det["alerts"] >= 1 and det["vouch_refused"] > 0 and det["agent_watched"] <= 2
+    finally:
+        attacker.close()
+        proc.stop(2)

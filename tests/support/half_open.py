@@ -116,3 +116,72 @@ class HalfOpenCalls:
             sock.close()
         for thread in self._threads:
             thread.join(2)
+
+
+class RawCall:
+    """Whole unary gRPC calls over one raw HTTP/2 connection from ``source``: a second client
+    on this machine with an address of its own (a gRPC client here cannot pick its source
+    address). Calls run one at a time; ``call`` returns the response message (b"" when the
+    call ended without one)."""
+
+    FRAME_MAX = 16384  # the smallest SETTINGS_MAX_FRAME_SIZE a server may announce
+
+    def __init__(self, port: int, source: str = "127.0.0.2") -> None:
+        self._port = port
+        self._sock = socket.socket()
+        self._sock.bind((source, 0))
+        self._sock.connect(("127.0.0.1", port))
+        self._sock.settimeout(10)
+        self._buf = b""
+        self._stream = -1
+        self._sock.sendall(PREFACE + frame(SETTINGS, 0, 0))
+
+    def _frame(self) -> tuple[int, int, int, bytes]:
+        while True:
+            if len(self._buf) >= 9:
+                length = int.from_bytes(self._buf[:3], "big")
+                if len(self._buf) >= 9 + length:
+                    head, self._buf = self._buf[: 9 + length], self._buf[9 + length :]
+                    stream = int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
+                    return head[3], head[4], stream, head[9:]
+            chunk = self._sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("the server closed the connection")
+            self._buf += chunk
+
+    def call(self, path: str, message: bytes) -> bytes:
+        self._stream += 2
+        s = self._stream
+        block = header_block(
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", path),
+                (":authority", f"127.0.0.1:{self._port}"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+            ]
+        )
+        body = b"\x00" + struct.pack(">I", len(message)) + message  # gRPC length prefix
+        out = [frame(HEADERS, END_HEADERS, s, block)]
+        for i in range(0, len(body), self.FRAME_MAX):
+            last = i + self.FRAME_MAX >= len(body)
+            out.append(frame(DATA, END_STREAM if last else 0, s, body[i : i + self.FRAME_MAX]))
+        self._sock.sendall(b"".join(out))
+        reply = b""
+        while True:
+            kind, flags, stream, payload = self._frame()
+            if kind == SETTINGS and not flags & ACK:
+                self._sock.sendall(frame(SETTINGS, ACK, 0))
+            elif kind == PING and not flags & ACK:
+                self._sock.sendall(frame(PING, ACK, 0, payload))
+            elif stream == s and kind == DATA:
+                reply += payload
+                if payload:  # give the window back, so that long replies keep coming
+                    update = struct.pack(">I", len(payload))
+                    self._sock.sendall(frame(0x8, 0, 0, update) + frame(0x8, 0, s, update))
+            if stream == s and (kind == RST_STREAM or flags & END_STREAM):
+                return reply[5:]
+
+    def close(self) -> None:
+        self._sock.close()
