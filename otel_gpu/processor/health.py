@@ -4,7 +4,14 @@
 
 - the processor is shutting down, or
 - it has accepted at least one export request and then none for longer than ``stall_after_s``
-  (ingestion stalled: the agents or the collector in front stopped sending).
+  (ingestion stalled: the agents or the collector in front stopped sending), or
+- it is degraded (``degraded: <reason>``): the state store or a disk queue cannot be written,
+  memory is over its soft limit, a forwarder's sender crashed and is being restarted, or the
+  subject cap refused a new subject within the last minute.
+
+Calls refused for a peer over its limit, or for sending no message in time, are named in the
+body but leave it 200: the limits are doing their work, and a failed liveness probe would let
+whoever sends such calls restart the processor.
 
 Before the first request it answers 200 (``ok: waiting for data``), so a freshly started
 processor is not restarted for having no clients yet. ``GET /stats`` returns the counters as
