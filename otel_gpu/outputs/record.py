@@ -73,20 +73,26 @@ def rows(sweep: Sweep, named: dict[str, str]) -> list[list[Any]]:
 
 
 class Recorder:
-    """Writes sweeps to an open CSV file from its own thread."""
+    """Writes sweeps to an open CSV file from its own thread. A write that fails (a full disk,
+    an I/O error) stops the recording with one warning; nothing of it reaches the job or the
+    wrapper's exit code, and the other outputs are written as usual."""
 
-    def __init__(self, fh: IO[str]) -> None:
+    def __init__(self, fh: IO[str], name: str = "--record") -> None:
         self._fh = fh
+        self.name = name  # how the warnings name it: "--record FILE"
         self._writer = csv.writer(fh)
-        self._writer.writerow(COLUMNS)
         self._queue: queue.Queue[list[list[Any]] | None] = queue.Queue(_QUEUE_SWEEPS)
         self._named: dict[str, str] = {}
         self.dropped_sweeps = 0
+        self.failed: str | None = None  # why the recording stopped
+        self._queue.put_nowait([list(COLUMNS)])  # written (and failing) on the writer thread
         self._thread = threading.Thread(target=self._run, name="otel-gpu-record", daemon=True)
         self._thread.start()
 
     def on_sweep(self, sweep: Sweep) -> None:
         """On the sampler thread: queue the rows, never wait."""
+        if self.failed is not None:
+            return  # said once; nothing more is written
         try:
             self._queue.put_nowait(rows(sweep, self._named))
         except queue.Full:
@@ -103,15 +109,27 @@ class Recorder:
                 self._writer.writerows(batch)
                 self._fh.flush()
             except OSError as exc:
-                log.warning("recording stopped: %s", exc)
+                self._fail(exc)
                 break
 
+    def _fail(self, exc: OSError) -> None:
+        if self.failed is None:
+            self.failed = exc.strerror or str(exc)
+            log.warning(
+                "%s: recording stopped (%s); the file is incomplete, the job runs on",
+                self.name, self.failed,
+            )  # fmt: skip
+
     def close(self, timeout_s: float = 2.0) -> None:
-        """Write what is queued (bounded by ``timeout_s``) and close the file."""
-        with contextlib.suppress(queue.Full):
-            self._queue.put(None, timeout=timeout_s)
-        self._thread.join(timeout_s)
+        """Write what is queued (bounded by ``timeout_s``) and close the file; never raises."""
+        if self._thread.is_alive():
+            with contextlib.suppress(queue.Full):
+                self._queue.put(None, timeout=timeout_s)
+            self._thread.join(timeout_s)
         if not self._thread.is_alive():
-            self._fh.close()
-        if self.dropped_sweeps:
+            try:
+                self._fh.close()  # flushes the rest: may find the disk full too
+            except OSError as exc:
+                self._fail(exc)
+        if self.dropped_sweeps and self.failed is None:
             log.warning("recording: %d sweeps dropped", self.dropped_sweeps)

@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from otel_gpu.core.errors import UsageError
@@ -62,7 +63,7 @@ class RunOutputs:
         if args.record is not None:
             from otel_gpu.outputs.record import Recorder, open_recording
 
-            self.recorder = Recorder(open_recording(args.record))
+            self.recorder = Recorder(open_recording(args.record), f"--record {args.record}")
         stream = stream if stream is not None else sys.stderr
         is_terminal = bool(getattr(stream, "isatty", lambda: False)())
         self.quiet = bool(args.quiet)
@@ -149,26 +150,40 @@ class RunOutputs:
         )
 
     def finish(self, exit_code: int | None, command: list[str] | None = None) -> None:
-        """After the agent stopped: last frame, recording closed, summary printed and written."""
+        """After the agent stopped: last frame, recording closed, summary printed and written.
+
+        Never raises: each output fails alone, with one line (a full disk under ``--record``
+        still leaves ``--summary-json`` written), and the wrapper exits with the job's code."""
         from otel_gpu.outputs import summary
 
-        self.view.stop()
+        with _alone("the live view"):
+            self.view.stop()
         if self.recorder is not None:
-            self.recorder.close()
-        data = self.summary.to_dict(
-            duration_s=time.monotonic() - self._started,
-            exit_code=exit_code,
-            command=command,
-            actions=self._actions(),
-        )
+            with _alone(self.recorder.name):
+                self.recorder.close()
+        data: dict[str, Any] | None = None
+        with _alone("the summary"):
+            data = self.summary.to_dict(
+                duration_s=time.monotonic() - self._started,
+                exit_code=exit_code,
+                command=command,
+                actions=self._actions(),
+            )
+        if data is None:
+            return
         if not self.quiet:
-            with contextlib.suppress(OSError):  # stderr closed: nothing to show it on
+            # stderr closed or full: nothing to show it on, nor to say so on
+            with _alone("the summary"), contextlib.suppress(OSError):
                 summary.render(data, self.console)
         if self.summary_json is not None:
-            try:
-                summary.write_json(self.summary_json, data)
-            except OSError as exc:
-                log.warning("cannot write --summary-json %s: %s", self.summary_json, exc)
+            with _alone(f"--summary-json {self.summary_json}"):
+                try:
+                    summary.write_json(self.summary_json, data)
+                except OSError as exc:
+                    log.warning(
+                        "--summary-json %s: not written (%s)",
+                        self.summary_json, exc.strerror or exc,
+                    )  # fmt: skip
 
     def _actions(self) -> dict[str, int]:
         dispatcher = getattr(self.watchdog, "dispatcher", None)
@@ -182,6 +197,16 @@ class RunOutputs:
             "stops_requested": stats.stops,
             "stops_refused": stats.stops_refused,
         }
+
+
+@contextlib.contextmanager
+def _alone(what: str) -> Iterator[None]:
+    """One output's end: whatever goes wrong in it is one warning line, never an exception
+    that would take the other outputs, or the job's exit code, with it."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - the job's exit code must survive any of ours
+        log.warning("%s: not finished (%s: %s)", what, type(exc).__name__, exc)
 
 
 def _check_writable(path: str, flag: str) -> None:
