@@ -26,6 +26,7 @@ import threading
 from typing import IO, Any
 
 from otel_gpu.core.errors import UsageError
+from otel_gpu.core.private_files import open_private
 from otel_gpu.detect.model import NUMERIC_FIELDS
 from otel_gpu.detect.trace import text_cell
 from otel_gpu.outputs.sweeps import Sweep, labels
@@ -40,7 +41,7 @@ _QUEUE_SWEEPS = 256
 def open_recording(path: str, flag: str = "--record") -> IO[str]:
     """Open (truncate) the recording now, so a bad path is refused before the job starts."""
     try:
-        return open(path, "w", newline="", encoding="utf-8")  # noqa: SIM115 - the writer closes it
+        return open_private(path, "w", newline="", encoding="utf-8")  # 0600: the job's names
     except OSError as exc:
         raise UsageError(
             f"{flag} {path}: cannot write ({exc.strerror or exc}); give a writable file path"
