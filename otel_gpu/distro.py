@@ -36,7 +36,7 @@ from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr
 from otel_gpu.core.errors import UsageError
 from otel_gpu.core.job_identity import ensure_instance_id
 from otel_gpu.tracing import context
-from otel_gpu.tracing.settings import TracingSettings
+from otel_gpu.tracing.settings import TracingSettings, off_line
 
 log = logging.getLogger("otel_gpu.distro")
 
@@ -73,10 +73,9 @@ class OtelGpuConfigurator:
         try:
             configure(auto_instrumentation_version=kwargs.get("auto_instrumentation_version"))
         except UsageError as exc:
-            context.set_role(context.OFF)
-            print(f"otel-gpu: error: {exc}; telemetry is off in this process", file=sys.stderr)
+            context.turn_off(off_line(exc))  # and phase(), step(), the callbacks: no-ops
         except Exception as exc:
-            context.set_role(context.OFF)
+            context.turn_off(None)
             log.warning("otel-gpu: telemetry is off in this process: %s", exc)
 
 
@@ -108,9 +107,18 @@ def configure(
     if role == context.LAUNCHER:
         return None
     from otel_gpu.agent.settings import Settings
+
+    # Every OTEL_GPU_* this process will read, validated before anything is built or
+    # imported (the SDK's log module builds a Resource when imported): a bad value is the one
+    # line the configurator prints, and telemetry is off.
+    agent_settings = Settings.load()
+    detection = None
+    if role == context.NODE and agent_settings.detect:
+        from otel_gpu.agent.watchdog import DetectionSettings
+
+        detection = DetectionSettings.load()
     from otel_gpu.tracing import pipeline
 
-    agent_settings = Settings.load()  # validates the agent's OTEL_GPU_* too: one error, up front
     _setup = pipeline.build(
         role,
         auto_instrumentation_version,
@@ -118,11 +126,11 @@ def configure(
         process_command=agent_settings.process_command,
     )
     if role == context.NODE:
-        _setup.agent = _start_node_agent(_setup.meter_provider, agent_settings)
+        _setup.agent = _start_node_agent(_setup.meter_provider, agent_settings, detection)
     return _setup
 
 
-def _start_node_agent(meter_provider: Any, agent_settings: Any) -> Any:
+def _start_node_agent(meter_provider: Any, agent_settings: Any, detection: Any = None) -> Any:
     """The node's sampler and detection inside this trainer process (when it wins the node
     lock), reading the trainer's phase and step and asking its graceful stop first: the one
     place where tracing and the agent are composed."""
@@ -136,4 +144,4 @@ def _start_node_agent(meter_provider: Any, agent_settings: Any) -> Any:
     # (TORCHELASTIC_RUN_ID is set by torchrun's agent; a stray LOCAL_RANK in a shell is not.)
     roots = [os.getppid()] if os.environ.get("TORCHELASTIC_RUN_ID") else None
     trainer = InProcessTrainer(progress.current_phase, progress.current_step, request_stop)
-    return start_in_process(meter_provider, agent_settings, roots, trainer)
+    return start_in_process(meter_provider, agent_settings, roots, trainer, detection)

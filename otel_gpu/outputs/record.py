@@ -32,6 +32,7 @@ import threading
 from typing import IO, Any
 
 from otel_gpu.core.errors import UsageError
+from otel_gpu.core.private_files import open_private
 from otel_gpu.detect.model import NUMERIC_FIELDS
 from otel_gpu.detect.trace import text_cell
 from otel_gpu.outputs.sweeps import Sweep, labels
@@ -48,7 +49,7 @@ END_LINE = "# otel-gpu end "
 def open_recording(path: str, flag: str = "--record") -> IO[str]:
     """Open (truncate) the recording now, so a bad path is refused before the job starts."""
     try:
-        return open(path, "w", newline="", encoding="utf-8")  # noqa: SIM115 - the writer closes it
+        return open_private(path, "w", newline="", encoding="utf-8")  # 0600: the job's names
     except OSError as exc:
         raise UsageError(
             f"{flag} {path}: cannot write ({exc.strerror or exc}); give a writable file path"
@@ -81,20 +82,26 @@ def rows(sweep: Sweep, named: dict[str, str]) -> list[list[Any]]:
 
 
 class Recorder:
-    """Writes sweeps to an open CSV file from its own thread."""
+    """Writes sweeps to an open CSV file from its own thread. A write that fails (a full disk,
+    an I/O error) stops the recording with one warning; nothing of it reaches the job or the
+    wrapper's exit code, and the other outputs are written as usual."""
 
-    def __init__(self, fh: IO[str]) -> None:
+    def __init__(self, fh: IO[str], name: str = "--record") -> None:
         self._fh = fh
+        self.name = name  # how the warnings name it: "--record FILE"
         self._writer = csv.writer(fh)
-        self._writer.writerow(COLUMNS)
         self._queue: queue.Queue[list[list[Any]] | str | None] = queue.Queue(_QUEUE_SWEEPS)
         self._named: dict[str, str] = {}
         self.dropped_sweeps = 0
+        self.failed: str | None = None  # why the recording stopped
+        self._queue.put_nowait([list(COLUMNS)])  # written (and failing) on the writer thread
         self._thread = threading.Thread(target=self._run, name="otel-gpu-record", daemon=True)
         self._thread.start()
 
     def on_sweep(self, sweep: Sweep) -> None:
         """On the sampler thread: queue the rows, never wait."""
+        if self.failed is not None:
+            return  # said once; nothing more is written
         try:
             self._queue.put_nowait(rows(sweep, self._named))
         except queue.Full:
@@ -119,20 +126,32 @@ class Recorder:
                     self._writer.writerows(batch)
                 self._fh.flush()
             except OSError as exc:
-                log.warning("recording stopped: %s", exc)
+                self._fail(exc)
                 break
+
+    def _fail(self, exc: OSError) -> None:
+        if self.failed is None:
+            self.failed = exc.strerror or str(exc)
+            log.warning(
+                "%s: recording stopped (%s); the file is incomplete, the job runs on",
+                self.name, self.failed,
+            )  # fmt: skip
 
     def close(self, timeout_s: float = 2.0, ending: dict[str, Any] | None = None) -> None:
         """Write what is queued and the ``ending`` line (bounded by ``timeout_s``), and close
-        the file."""
-        with contextlib.suppress(queue.Full):
-            if ending is not None:
-                self._queue.put(_comment(END_LINE, ending), timeout=timeout_s)
-            self._queue.put(None, timeout=timeout_s)
-        self._thread.join(timeout_s)
+        the file; never raises."""
+        if self._thread.is_alive():
+            with contextlib.suppress(queue.Full):
+                if ending is not None:
+                    self._queue.put(_comment(END_LINE, ending), timeout=timeout_s)
+                self._queue.put(None, timeout=timeout_s)
+            self._thread.join(timeout_s)
         if not self._thread.is_alive():
-            self._fh.close()
-        if self.dropped_sweeps:
+            try:
+                self._fh.close()  # flushes the rest: may find the disk full too
+            except OSError as exc:
+                self._fail(exc)
+        if self.dropped_sweeps and self.failed is None:
             log.warning("recording: %d sweeps dropped", self.dropped_sweeps)
 
 

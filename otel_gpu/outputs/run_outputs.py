@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from otel_gpu.core.errors import UsageError
@@ -65,7 +65,7 @@ class RunOutputs:
         if args.record is not None:
             from otel_gpu.outputs.record import Recorder, open_recording
 
-            self.recorder = Recorder(open_recording(args.record))
+            self.recorder = Recorder(open_recording(args.record), f"--record {args.record}")
         stream = stream if stream is not None else sys.stderr
         is_terminal = bool(getattr(stream, "isatty", lambda: False)())
         self.quiet = bool(args.quiet)
@@ -161,36 +161,50 @@ class RunOutputs:
         )
 
     def finish(self, exit_code: int | None, command: list[str] | None = None) -> None:
-        """After the agent stopped: last frame, recording closed, summary printed and written."""
+        """After the agent stopped: last frame, recording closed, summary printed and written.
+
+        Never raises: each output fails alone, with one line (a full disk under ``--record``
+        still leaves ``--summary-json`` written), and the wrapper exits with the job's code."""
         from otel_gpu.outputs import summary
 
-        self.view.stop()
+        with _alone("the live view"):
+            self.view.stop()
         if self.recorder is not None:
             from otel_gpu.core.redact import redact_command
 
-            self.recorder.close(
-                ending={
-                    "command": redact_command(command) if command else None,
-                    "exit_code": exit_code,
-                    "ended": _wall_time(),
-                    "duration_s": round(time.monotonic() - self._started, 3),
-                }
+            with _alone(self.recorder.name):
+                self.recorder.close(
+                    ending={
+                        "command": redact_command(command) if command else None,
+                        "exit_code": exit_code,
+                        "ended": _wall_time(),
+                        "duration_s": round(time.monotonic() - self._started, 3),
+                    }
+                )
+        data: dict[str, Any] | None = None
+        with _alone("the summary"):
+            data = self.summary.to_dict(
+                duration_s=time.monotonic() - self._started,
+                exit_code=exit_code,
+                command=command,
+                actions=self._actions(),
+                training=None if self.progress is None else self.progress.summary(),
             )
-        data = self.summary.to_dict(
-            duration_s=time.monotonic() - self._started,
-            exit_code=exit_code,
-            command=command,
-            actions=self._actions(),
-            training=None if self.progress is None else self.progress.summary(),
-        )
+        if data is None:
+            return
         if not self.quiet:
-            with contextlib.suppress(OSError):  # stderr closed: nothing to show it on
+            # stderr closed or full: nothing to show it on, nor to say so on
+            with _alone("the summary"), contextlib.suppress(OSError):
                 summary.render(data, self.console)
         if self.summary_json is not None:
-            try:
-                summary.write_json(self.summary_json, data)
-            except OSError as exc:
-                log.warning("cannot write --summary-json %s: %s", self.summary_json, exc)
+            with _alone(f"--summary-json {self.summary_json}"):
+                try:
+                    summary.write_json(self.summary_json, data)
+                except OSError as exc:
+                    log.warning(
+                        "--summary-json %s: not written (%s)",
+                        self.summary_json, exc.strerror or exc,
+                    )  # fmt: skip
 
     def _actions(self) -> dict[str, int]:
         dispatcher = getattr(self.watchdog, "dispatcher", None)
@@ -223,6 +237,16 @@ def run_context(settings: Any, resource: Mapping[str, Any]) -> dict[str, Any]:
 
 def _wall_time() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+@contextlib.contextmanager
+def _alone(what: str) -> Iterator[None]:
+    """One output's end: whatever goes wrong in it is one warning line, never an exception
+    that would take the other outputs, or the job's exit code, with it."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - the job's exit code must survive any of ours
+        log.warning("%s: not finished (%s: %s)", what, type(exc).__name__, exc)
 
 
 def _check_writable(path: str, flag: str) -> None:

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from otel_gpu.core import units
 from otel_gpu.core.printable import printable
+from otel_gpu.core.private_files import open_private
 from otel_gpu.core.redact import redact_value
 from otel_gpu.detect.breaker import Transition
 from otel_gpu.detect.engine import Engine
@@ -172,7 +173,7 @@ class RunSummary:
 
 
 def write_json(path: str, data: dict[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
+    with open_private(path, "w", encoding="utf-8") as fh:  # created 0600
         json.dump(data, fh, indent=2)
         fh.write("\n")
 

@@ -15,7 +15,6 @@ itself for a body over ``max_recv_bytes`` after decompression.
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
 import threading
 import time
@@ -36,6 +35,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from otel_gpu.core.addresses import format_hostport, parse_hostport
 from otel_gpu.core.errors import UsageError
+from otel_gpu.core.private_files import private_dir
 from otel_gpu.detect.breaker import Breaker, BreakerConfig
 from otel_gpu.detect.engine import Engine
 from otel_gpu.processor.admission import Admission, Refused
@@ -141,7 +141,7 @@ class Processor:
         if cfg.queue_dir is None:
             return MemoryQueue(cfg.queue_requests, cfg.queue_bytes)
         try:
-            os.makedirs(cfg.queue_dir, exist_ok=True)
+            private_dir(cfg.queue_dir)  # missing parents too: 0700
             return DiskQueue(queue_file(cfg.queue_dir, target), cfg.queue_dir_bytes)
         except (OSError, sqlite3.Error) as e:
             hint = (
