@@ -56,6 +56,7 @@ class Setup:
         self.logger_provider: LoggerProvider | None = None
         self.agent: Any = None
         self.shutdown_timeout_s = 5.0
+        self.closed = False
 
 
 def build(
@@ -195,6 +196,9 @@ def shutdown(setup: Setup) -> None:
     """Flush and stop everything within ``setup.shutdown_timeout_s`` in total."""
     if os.getpid() != _configured_pid:
         return  # a forked child: the parent owns the exporters
+    if setup.closed:
+        return  # otel_gpu.init()'s context manager closed it before the interpreter's exit
+    setup.closed = True
     timeout_s = setup.shutdown_timeout_s
     timeout_ms = timeout_s * 1000
     steps: list[tuple[str, Callable[[float], object]]] = []
