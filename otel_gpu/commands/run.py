@@ -93,7 +93,10 @@ def run(args: argparse.Namespace) -> int:
         LaunchedCommand(cmd, env),
         resource=lambda: build_resource(args.service_name, cmd, settings, env),
         outputs=lambda: RunOutputs(args, f"otel-gpu run {os.path.basename(cmd[0])}"),
-        parts=[NodeLock(settings.lock_dir), TrainerJoin(directory)],
+        parts=[
+            NodeLock(settings.lock_dir, os.environ.get("CUDA_VISIBLE_DEVICES")),
+            TrainerJoin(directory),
+        ],
     )
     code = session.run()
     assert code is not None
