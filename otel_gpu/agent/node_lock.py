@@ -114,12 +114,30 @@ def open_node_lock(
     return fd
 
 
+def _is_ancestor(pid: int, depth: int = 32) -> bool:
+    """Whether ``pid`` is a parent, grandparent, ... of this process."""
+    current = os.getppid()
+    for _ in range(depth):
+        if current == pid:
+            return True
+        if current <= 1:
+            return False
+        try:
+            with open(f"/proc/{current}/stat", encoding="ascii", errors="replace") as fh:
+                current = int(fh.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
 def _say_not_sampling(path: str, visible: str | None) -> None:
     global _said
     if _said:
         return
     _said = True
     found = holder(path)
+    if found is not None and _is_ancestor(found[0]):
+        return  # the wrapper that started this job (otel-gpu run) samples it: nothing to say
     who = f"PID {found[0]} ({found[1]})" if found else "another otel-gpu process"
     gpus = f"GPUs {visible}" if visible and visible.strip() else "this node's GPUs"
     log.warning(
