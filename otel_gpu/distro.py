@@ -118,6 +118,9 @@ def configure(
         process_command=agent_settings.process_command,
     )
     if role == context.NODE:
+        from otel_gpu.commands.known_env import warn_unknown
+
+        warn_unknown(os.environ)  # once per node, not per rank
         _setup.agent = _start_node_agent(_setup.meter_provider, agent_settings)
     return _setup
 
