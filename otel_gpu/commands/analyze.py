@@ -83,12 +83,12 @@ def run(args: argparse.Namespace) -> int:
         # gets its one error line, not first a warning about its "columns".
         pending: list[str] = []
 
-        def unknown(columns: list[str], name: str = name) -> None:
+        def unknown(columns: list[str], name: str = name, pending: list[str] = pending) -> None:
             new = [c for c in columns if c not in warned]
             warned.update(new)
             pending.extend(new)
 
-        def say_unknown(name: str = name) -> None:
+        def say_unknown(name: str = name, pending: list[str] = pending) -> None:
             if pending:
                 print(
                     f"otel-gpu: warning: {name}: ignoring column(s) {', '.join(pending)}; the "
