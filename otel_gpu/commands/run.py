@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
             NodeLock(settings.lock_dir, os.environ.get("CUDA_VISIBLE_DEVICES")),
             TrainerJoin(directory),
         ],
+        env=env,  # the detection settings, and the job's service.name for notifications
     )
     code = session.run()
     assert code is not None
