@@ -126,6 +126,9 @@ def configure(
         process_command=agent_settings.process_command,
     )
     if role == context.NODE:
+        from otel_gpu.commands.known_env import warn_unknown
+
+        warn_unknown(os.environ)  # once per node, not per rank
         _setup.agent = _start_node_agent(_setup.meter_provider, agent_settings, detection)
     return _setup
 
@@ -145,3 +148,83 @@ def _start_node_agent(meter_provider: Any, agent_settings: Any, detection: Any =
     roots = [os.getppid()] if os.environ.get("TORCHELASTIC_RUN_ID") else None
     trainer = InProcessTrainer(progress.current_phase, progress.current_step, request_stop)
     return start_in_process(meter_provider, agent_settings, roots, trainer, detection)
+
+
+class Started:
+    """What :func:`init` started in this process; a context manager whose exit (or
+    :meth:`shutdown`, or the interpreter's exit) flushes and stops it within
+    ``OTEL_GPU_SHUTDOWN_TIMEOUT``. ``active``: telemetry runs in this process (False: a bad
+    setting, said in one line, or a role with nothing to run)."""
+
+    def __init__(self, setup: Any, owned: bool) -> None:
+        self.setup = setup
+        self.owned = owned  # False: opentelemetry-instrument (or an earlier init) started it
+
+    @property
+    def active(self) -> bool:
+        return self.setup is not None
+
+    def shutdown(self) -> None:
+        """Flush and stop what :func:`init` started (bounded); never raises."""
+        if self.owned and self.setup is not None:
+            from otel_gpu.tracing import pipeline
+
+            try:
+                pipeline.shutdown(self.setup)
+            except Exception as exc:
+                log.warning("otel-gpu: shutdown failed: %s", exc)
+
+    def __enter__(self) -> Started:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.shutdown()
+
+
+def init(service_name: str | None = None) -> Started:
+    """Start the in-process part in this process, as ``opentelemetry-instrument`` would:
+    exporters (the same ``OTEL_*`` / ``OTEL_GPU_*`` settings and defaults), the HF Trainer and
+    Lightning instrumentation, the control socket, and the node's sampler and detection when
+    this process wins the node lock. Once per process: under ``opentelemetry-instrument`` (or
+    after an earlier call) it returns what runs already. ``service_name``: the job's
+    ``service.name`` unless ``OTEL_SERVICE_NAME`` says otherwise. Never raises into the caller;
+    a bad setting is one line on stderr and telemetry stays off.
+
+        with otel_gpu.init():
+            train()
+    """
+    existing = current_setup()
+    if existing is not None:
+        return Started(existing, owned=False)
+    try:
+        if service_name:
+            os.environ.setdefault("OTEL_SERVICE_NAME", service_name)
+        OtelGpuDistro()._configure()
+        setup = configure()
+    except UsageError as exc:
+        context.turn_off(off_line(exc))  # and phase(), step(), the callbacks: no-ops
+        return Started(None, owned=False)
+    except Exception as exc:
+        context.turn_off(None)
+        log.warning("otel-gpu: telemetry is off in this process: %s", exc)
+        return Started(None, owned=False)
+    if setup is not None:
+        _instrument_frameworks(setup)
+    return Started(setup, owned=True)
+
+
+def _instrument_frameworks(setup: Any) -> None:
+    """The Trainer instrumentors ``opentelemetry-instrument`` would load from our entry
+    points (each waits for its framework's import; a framework not installed is skipped)."""
+    from otel_gpu.tracing.hf_instrumentor import TransformersInstrumentor
+    from otel_gpu.tracing.lightning_callback import LightningInstrumentor
+
+    for instrumentor in (TransformersInstrumentor(), LightningInstrumentor()):
+        try:
+            # A conflict (framework missing or too old) raises here rather than logging an
+            # error: as under opentelemetry-instrument, that framework is just not instrumented.
+            instrumentor.instrument(
+                tracer_provider=setup.tracer_provider, raise_exception_on_conflict=True
+            )
+        except Exception as exc:
+            log.debug("otel-gpu: %s not applied: %s", type(instrumentor).__name__, exc)

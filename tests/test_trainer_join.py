@@ -176,7 +176,7 @@ def test_the_wrappers_export_settings_reach_the_trainer_unless_the_user_set_its_
     runtime = tmp_path / "rt"
     runtime.mkdir(mode=0o700)
     env = {"OTEL_GPU_RUNTIME_DIR": str(runtime), "PYTHONPATH": "/a"}
-    settings = Settings.load({}, exporter="otlp,prometheus", endpoint="http://127.0.0.1:9")
+    settings = Settings.load({}, exporter="otlp,console,prometheus", endpoint="http://127.0.0.1:9")
     assert hand_to_trainer(env, settings, {"exporter", "endpoint"}) == str(runtime)
     assert env["OTEL_TRACES_EXPORTER"] == env["OTEL_METRICS_EXPORTER"] == "otlp"
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://127.0.0.1:9"

@@ -221,7 +221,7 @@ def start_in_process(
             from otel_gpu.agent.watchdog import DetectionSettings
 
             detection = DetectionSettings.load()
-        if not acquire_node_lock(settings.lock_dir):
+        if not acquire_node_lock(settings.lock_dir, os.environ.get("CUDA_VISIBLE_DEVICES")):
             return None
     except Exception as exc:
         log.warning("otel-gpu agent not started: %s", exc)

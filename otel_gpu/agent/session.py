@@ -144,15 +144,17 @@ class NodeLock(SessionPart):
 
     name = "node lock"
 
-    def __init__(self, lock_dir: str | None = None) -> None:
-        """``lock_dir``: ``OTEL_GPU_LOCK_DIR`` (default: a private folder in the temp dir)."""
+    def __init__(self, lock_dir: str | None = None, visible: str | None = None) -> None:
+        """``lock_dir``: ``OTEL_GPU_LOCK_DIR`` (default: a private folder in the temp dir);
+        ``visible``: the job's ``CUDA_VISIBLE_DEVICES`` (the lock is per GPU set)."""
         self.lock_dir = lock_dir
+        self.visible = visible
         self.owned: bool | None = None  # None until prepared
 
     def prepare(self) -> None:
         from otel_gpu.agent.node_lock import acquire_node_lock
 
-        self.owned = acquire_node_lock(self.lock_dir)
+        self.owned = acquire_node_lock(self.lock_dir, self.visible, say=False)
 
 
 class Outputs(Protocol):

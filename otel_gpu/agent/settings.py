@@ -150,6 +150,7 @@ DECLARED = (
     Setting(
         "detect", "OTEL_GPU_DETECT", boolean,
         "leak / stall detection in the agent", "true", "--no-detect", flag_const=False,
+        flag_doc="turn off leak / stall detection in the agent (no alerts, no breaker)",
     ),
     Setting(
         "shutdown_timeout_s", "OTEL_GPU_SHUTDOWN_TIMEOUT", _seconds(),
@@ -190,6 +191,8 @@ DECLARED = (
         "`run` loads the in-process part into a Python job started without "
         "`opentelemetry-instrument` (a `sitecustomize` first on its `PYTHONPATH`; any other "
         "`sitecustomize` still loads)", "true", "--no-instrument", flag_const=False,
+        flag_doc="do not load the in-process part into a Python job started without "
+        "opentelemetry-instrument",
     ),
 )  # fmt: skip
 # The environment variable of each setting (the doctor and error messages name them).

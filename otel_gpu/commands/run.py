@@ -96,7 +96,11 @@ def run(args: argparse.Namespace) -> int:
         LaunchedCommand(cmd, env),
         resource=lambda: build_resource(args.service_name, cmd, settings, env),
         outputs=lambda: RunOutputs(args, f"otel-gpu run {os.path.basename(cmd[0])}"),
-        parts=[NodeLock(settings.lock_dir), TrainerJoin(directory)],
+        parts=[
+            NodeLock(settings.lock_dir, os.environ.get("CUDA_VISIBLE_DEVICES")),
+            TrainerJoin(directory),
+        ],
+        env=env,  # the detection settings, and the job's service.name for notifications
     )
     code = session.run()
     assert code is not None
@@ -148,14 +152,15 @@ def hand_to_trainer(env: dict[str, str], settings: Settings, flags: set[str]) ->
     runtime directory their control sockets go to (returned), where their telemetry goes, and
     the in-process part for Python processes started without ``opentelemetry-instrument``.
 
-    Export: each signal's exporter follows the wrapper's (``--exporter``; ``prometheus`` is
-    the wrapper's own port, so a trainer does not serve it too; ``none`` is none), and
+    Export: each signal's exporter follows the wrapper's (``--exporter``: ``otlp`` is handed
+    on; ``prometheus`` is the wrapper's own port and ``console`` the wrapper's stdout, which a
+    trainer would write into the job's own output, so neither is; ``none`` is none), and
     ``--endpoint`` / ``--export-interval`` are passed on; a variable the user set in the job's
     environment is always left as it is."""
     user = dict(env)
     directory = runtime_dir(env)
     env[RUNTIME_DIR_ENV] = directory
-    names = [n for n in settings.exporters if n in ("otlp", "console")]
+    names = [n for n in settings.exporters if n == "otlp"]
     for variable in SIGNAL_EXPORTERS:
         if variable not in user:
             env[variable] = ",".join(names) or "none"

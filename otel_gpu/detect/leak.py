@@ -327,7 +327,7 @@ def leak_alert(subject: str, p: Point, f: LeakFinding) -> Alert:
     mb_per_h = f.rate * 3600 / 1e6
     parts = [
         f"memory leak suspected: floor rising {mb_per_h:.0f} MB/h "
-        f"({f.rate:.0f} By/s) steadily over {duration(f.window_s)}"
+        f"steadily over {duration(f.window_s)}"
     ]
     if p.limit_bytes:
         parts.append(f"at {gb(f.floor)} of {gb(p.limit_bytes)}")

@@ -8,6 +8,7 @@ snapshot, the engine or the breaker.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from otel_gpu.core.printable import printable
 from otel_gpu.core.units import gpu_label
@@ -61,6 +62,19 @@ class Frame:
     training: str | None = None  # the trainers' ``phase train  step 1234`` (agent/trainers.py)
 
 
+def _meant(observed_s: float, engine: Any, leaking: bool) -> bool:
+    """Whether a floor rate means something yet: the view has watched for at least the
+    shortest window the leak detector alerts from (an open breaker's always does). Before
+    that, a warm-up ramp reads as a leak of thousands of MB/h."""
+    if leaking:
+        return True
+    cfg = engine.config
+    shortest = cfg.leak_min_window_s
+    if cfg.leak_urgent_window_s > 0:
+        shortest = min(shortest, cfg.leak_urgent_window_s)
+    return observed_s >= shortest
+
+
 def build_frame(
     sweep: Sweep, started: float, last_alert: Alert | None = None, training: str | None = None
 ) -> Frame:
@@ -98,6 +112,9 @@ def build_frame(
         p = procs.get(local)
         subject = f"process:{gp.pid}@{gp.gpu_uuid}"
         trend = sweep.engine.floor_trend(subject) if sweep.engine is not None else None
+        observed = snap.time - started
+        if trend is not None and not _meant(observed, sweep.engine, states.get(subject) == OPEN):
+            trend = None
         rows.append(
             ProcessRow(
                 local,

@@ -26,7 +26,7 @@ from otel_gpu.detect.model import Alert
 from otel_gpu.outputs.sweeps import Sweep
 from otel_gpu.outputs.view.frame import Frame, build_frame
 from otel_gpu.outputs.view.pinned import PinnedRegion
-from otel_gpu.outputs.view.render import WIDTH, plain_line, table
+from otel_gpu.outputs.view.render import MAX_WIDTH, WIDTH, plain_line, table
 
 log = logging.getLogger("otel_gpu.view")
 
@@ -53,14 +53,15 @@ class _Console(Console):
 
 
 def make_console(stream: IO[str] | None = None, *, force_terminal: bool = False) -> Console:
-    """A console on ``stream`` (default stderr) no wider than the view."""
+    """A console on ``stream`` (default stderr) no wider than the view can use: the
+    terminal's width from 80 up to the view's widest."""
     console = _Console(
         file=stream if stream is not None else sys.stderr,
         force_terminal=True if force_terminal else None,
         highlight=False,
         soft_wrap=False,
     )
-    console.width = min(console.width, WIDTH + 2)
+    console.width = max(WIDTH + 2, min(console.width, MAX_WIDTH + 2))
     return console
 
 
@@ -142,7 +143,7 @@ class LiveView:
             return
         self._drawn = frame
         if self._pinned is not None:
-            self._pinned.draw(table(frame, self.title))
+            self._pinned.draw(table(frame, self.title, self.console.width - 2))
         else:
             line = plain_line(frame, self.title)
             self.console.print(line, markup=False, highlight=False, crop=False, soft_wrap=True)
