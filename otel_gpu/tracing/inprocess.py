@@ -9,7 +9,9 @@ Started by the tracing pipeline in every ``trainer`` and ``node`` process. Base 
 
 - ``stacks``: every thread's Python stack (:func:`otel_gpu.diagnose.stacks.handle_stacks`);
   and, for when the interpreter cannot run that, a ``faulthandler`` dump of all threads on
-  ``SIGRTMIN+6`` to ``<runtime dir>/stacks-<pid>.txt`` (``otel-gpu diagnose stall``).
+  ``SIGRTMIN+6`` to ``<runtime dir>/stacks-<pid>.txt`` (``otel-gpu diagnose stall``);
+- ``fr.dump``: this rank's flight-recorder collectives
+  (:func:`otel_gpu.diagnose.collectives.handle_fr_dump`).
 
 Other concerns (memory census, flight-recorder dumps) register their own operations with
 :func:`register`. Handlers run on the channel's request threads, never on the job's.
@@ -26,7 +28,7 @@ from typing import Any
 from otel_gpu import __version__
 from otel_gpu.core.channel import ControlServer, Handler, socket_path
 from otel_gpu.core.runtime_dir import runtime_dir
-from otel_gpu.diagnose import stacks
+from otel_gpu.diagnose import collectives, stacks
 from otel_gpu.tracing import context, progress
 
 log = logging.getLogger("otel_gpu.tracing")
@@ -67,6 +69,7 @@ BASE_OPS: dict[str, Handler] = {
     "hello": _hello,
     "progress": _progress,
     "stacks": stacks.handle_stacks,
+    "fr.dump": collectives.handle_fr_dump,
 }
 
 
