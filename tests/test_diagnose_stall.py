@@ -131,6 +131,9 @@ def test_a_rank_blocked_in_a_function_while_the_others_wait_in_all_reduce(blocke
                    env=_env(blocked.run_dir, PATH=NO_PYSPY_PATH))  # fmt: skip
     assert _groups(json.loads(res.stdout)) == expected
     assert blocked.proc.poll() is None  # looking harmed no rank
+    # The launcher under opentelemetry-instrument gave its ranks the flight recorder's variables.
+    environ = Path(f"/proc/{pids[1]}/environ").read_bytes().split(b"\0")
+    assert b"TORCH_NCCL_DEBUG_INFO_PIPE_FILE=" + bytes(blocked.run_dir) + b"/fr-pipe-" in environ
 
 
 @pytest.mark.peers
@@ -172,3 +175,26 @@ def test_cannot_look_is_one_line_and_exit_2(tmp_path: Path):
         plain.communicate("\n", timeout=10)
     res = otel_gpu("diagnose", "stall", "--pid", "1", "--via", "gdb")
     assert res.returncode == 2 and "--via 'gdb'" in res.stderr
+
+
+FR_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE",
+           "TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")  # fmt: skip
+
+
+@pytest.mark.process
+def test_otel_gpu_run_gives_the_job_the_flight_recorder_unless_set_or_switched_off(tmp_path):
+    show = f"import os; print([os.environ.get(v) for v in {FR_VARS!r}])"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    base = {"OTEL_GPU_RUNTIME_DIR": str(run_dir)}
+    cases = [
+        (base, ["2000", None, f"{run_dir}/fr-pipe-", f"{run_dir}/fr-dump-"]),
+        ({**base, "TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/x/"},
+         [None, "0", f"{run_dir}/fr-pipe-", "/x/"]),
+        ({**base, "OTEL_GPU_FLIGHT_RECORDER": "false"}, [None, None, None, None]),
+    ]  # fmt: skip
+    for extra, expected in cases:
+        res = otel_gpu("run", "--exporter", "none", "--no-detect", "--", sys.executable, "-c",
+                       show, env=clean_env(**extra))  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip().splitlines()[-1] == repr(expected)

@@ -162,6 +162,13 @@ DECLARED = (
         "the runtime directory (`OTEL_GPU_RUNTIME_DIR`)",
     ),
     Setting(
+        "flight_recorder", "OTEL_GPU_FLIGHT_RECORDER", boolean,
+        "`otel-gpu run` (and a launcher under `opentelemetry-instrument`) turns on PyTorch's "
+        "flight recorder for the job: `TORCH_FR_BUFFER_SIZE` 2000, `TORCH_NCCL_DEBUG_INFO_PIPE_FILE`"
+        " and `TORCH_NCCL_DEBUG_INFO_TEMP_FILE` in the runtime directory, each only when unset; "
+        "`false`: none of them", "true",
+    ),
+    Setting(
         "sampler", "OTEL_GPU_SAMPLER", choice(SAMPLER_MODES),
         "`process`: NVML and `/proc` in a supervised helper process; `thread`: in the agent's "
         "process (no crash isolation)", "process",
@@ -212,6 +219,7 @@ class Settings:
     detect: bool = True  # run the detection engine in the agent
     shutdown_timeout_s: float = 5.0  # bound on flush + shutdown
     lock_dir: str | None = None  # where the node-ownership lock lives (default: temp dir)
+    flight_recorder: bool = True  # the job gets PyTorch's flight-recorder variables
     # process: NVML and /proc are read in a supervised helper process (crash-isolated);
     # thread: on a thread of the agent's own process (no isolation; for debugging).
     sampler: str = "process"

@@ -22,6 +22,8 @@ from otel_gpu.core.job_identity import (
     ensure_instance_id,
     given_service_name,
 )
+from otel_gpu.core.runtime_dir import runtime_dir
+from otel_gpu.diagnose.collectives import flight_recorder_env
 from otel_gpu.outputs.run_outputs import RunOutputs, add_output_options
 
 
@@ -82,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     from otel_gpu.agent.session import AgentSession, NodeLock
 
     env = shared_identity(job_environment(), args.service_name or default_service_name(cmd))
+    if settings.flight_recorder:
+        env.update(flight_recorder_env(env, runtime_dir(env)))
     session = AgentSession(
         settings,
         LaunchedCommand(cmd, env),
