@@ -12,6 +12,7 @@ import subprocess
 import threading
 from collections.abc import Sequence
 
+from otel_gpu.agent import job_guard
 from otel_gpu.agent.session import AgentInputs
 from otel_gpu.core.errors import UsageError
 
@@ -20,14 +21,7 @@ log = logging.getLogger("otel_gpu.run")
 # Signals passed on to a launched job. The job runs in its own process group, and a signal goes
 # to the whole group, as a terminal's Ctrl-C would: launchers such as `swift` orphan their
 # trainer when only they get SIGTERM (docs/background.md §4).
-FORWARDED = (
-    signal.SIGINT,
-    signal.SIGTERM,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-)
+FORWARDED = job_guard.PASSED_ON  # the guard passes the same ones on to the job
 # Of those, the ones that ask the job to end: arriving before the launch, the job is not started
 # (the SIGUSR ones, a trainer's checkpoint or stop request, wait for it and are passed on).
 ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -93,7 +87,6 @@ def start_guarded(cmd: list[str], env: dict[str, str]) -> tuple[subprocess.Popen
     dies with this process however this process dies (SIGKILL included): the guard's process
     (to wait for and to signal as the group) and the job's own PID (to watch and show). This
     process holds the only write end of the guard's pipe for as long as it lives."""
-    from otel_gpu.agent import job_guard
 
     if not job_guard.available():
         child = subprocess.Popen(cmd, start_new_session=True, env=env)

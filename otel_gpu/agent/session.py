@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
     from otel_gpu.agent.agent import Agent
     from otel_gpu.agent.labels import SeriesLabels
+    from otel_gpu.agent.trainers import TrainerProgress
     from otel_gpu.agent.watchdog import DetectionSettings, InProcessTrainer, Watchdog
     from otel_gpu.sampling.source import DeviceSource
 
@@ -69,6 +70,7 @@ class AgentInputs:
     trainer: InProcessTrainer | None = None  # the trainer's phase, step and graceful stop
     phase: Callable[[], str | None] | None = None  # the detectors' phase otherwise
     series_labels: Callable[[], SeriesLabels] | None = None  # extra series attributes (k8s.*)
+    progress: TrainerProgress | None = None  # the trainers' phase and step (agent/trainers.py)
 
 
 class Job(Protocol):
@@ -156,9 +158,11 @@ class NodeLock(SessionPart):
 class Outputs(Protocol):
     """What a person sees locally (:class:`otel_gpu.outputs.run_outputs.RunOutputs`)."""
 
-    def attach(self, sampler: Any, watchdog: Any) -> None: ...
+    def attach(self, sampler: Any, watchdog: Any, progress: Any = None) -> None: ...
 
-    def start(self, name: str, pid: int, settings: Any) -> None: ...
+    def start(
+        self, name: str, pid: int, settings: Any, resource: Mapping[str, Any] | None = None
+    ) -> None: ...
 
     def job_exited(self, root: int, timeout_s: float) -> None: ...
 
@@ -191,6 +195,7 @@ class AgentSession:
         self.parts = list(parts)
         self.agent: Agent | None = None
         self.provider: MeterProvider | None = None
+        self.resource: Resource | None = None  # the exported one, once built
         self.detection: DetectionSettings | None = None
         self.endpoints: AgentEndpoints | None = None
         self.outputs: Outputs | None = None
@@ -270,17 +275,21 @@ class AgentSession:
                 detection=self.detection,
                 series_labels=inputs.series_labels,
                 watchdog=inputs.watchdog,
+                progress=inputs.progress,
             )
             for part in self.parts:
                 part.attach(self.agent, self.provider)
             if self.outputs is not None:
-                self.outputs.attach(self.agent.sampler, self.agent.watchdog)
+                self.outputs.attach(
+                    self.agent.sampler, self.agent.watchdog, progress=inputs.progress
+                )
             self.agent.start()
             for part in self.parts:
                 part.start()
             self.endpoints.attach(self.agent)
             if self.outputs is not None:
-                self.outputs.start(self.job.name, inputs.roots[0], self.settings)
+                resource = self.resource.attributes if self.resource is not None else None
+                self.outputs.start(self.job.name, inputs.roots[0], self.settings, resource)
         except Exception as exc:
             self.job.agent_failed(exc)  # raises unless the job runs on unwatched
             self.endpoints.agent_failed(str(exc))
@@ -307,9 +316,10 @@ class AgentSession:
         from otel_gpu.agent.export import meter_provider
 
         assert self.endpoints is not None
+        self.resource = self._resource()
         return meter_provider(
             self.settings,
-            self._resource(),
+            self.resource,
             extra_readers=self._extra_readers,
             export_health=self.endpoints.export_health,
         )

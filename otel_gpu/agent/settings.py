@@ -192,12 +192,21 @@ DECLARED = (
         "the server's Prometheus endpoint, scraped each interval (2 s timeout, 8 MiB cap)",
         "off", "--server-metrics", "URL",
     ),
+    Setting(
+        "instrument", "OTEL_GPU_INSTRUMENT", boolean,
+        "`run` loads the in-process part into a Python job started without "
+        "`opentelemetry-instrument` (a `sitecustomize` first on its `PYTHONPATH`; any other "
+        "`sitecustomize` still loads)", "true", "--no-instrument", flag_const=False,
+    ),
 )  # fmt: skip
 # The environment variable of each setting (the doctor and error messages name them).
 ENV = {s.name: s.env for s in DECLARED}
 # The options every watching command (run, watch, sidecar) takes; the sidecar adds its own.
-AGENT_OPTIONS = tuple(s for s in DECLARED if s.flag and s.name != "server_metrics")
+AGENT_OPTIONS = tuple(
+    s for s in DECLARED if s.flag and s.name not in ("server_metrics", "instrument")
+)
 SIDECAR_OPTIONS = tuple(s for s in DECLARED if s.name == "server_metrics")
+RUN_OPTIONS = tuple(s for s in DECLARED if s.name == "instrument")
 
 
 @dataclass(frozen=True)
@@ -230,6 +239,8 @@ class Settings:
     process_command: str = COMMAND_REDACTED
     # The inference server's Prometheus URL the sidecar scrapes; None: no scrape.
     server_metrics: str | None = None
+    # run: load the in-process part into a Python job without opentelemetry-instrument.
+    instrument: bool = True
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **explicit: object) -> Settings:

@@ -18,19 +18,21 @@ import sys
 from collections.abc import Iterator
 from typing import Any, TextIO
 
+from otel_gpu.commands.common import add_command
 from otel_gpu.core.settings import read_settings_file
 from otel_gpu.detect.engine import DetectConfig, Engine
 from otel_gpu.detect.trace import COLUMNS, Row, TraceError, iter_rows, replay_iter, subject_for
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "analyze",
-        help="replay CSV traces through the detection engine; one JSON line per alert",
-        description="Replay CSV traces (header time_s,used_bytes,limit_bytes"
-        "[,util,procs,phase,power_w,power_limit_w]) or recordings (--record: the same with a "
-        "subject column) through the leak, stall, threshold and anomaly detectors and print "
-        "one JSON line per alert.",
+        "replay CSV traces through the detection engine; one JSON line per alert",
+        """Replay CSV traces (header
+        time_s,used_bytes,limit_bytes[,util,procs,phase,power_w,power_limit_w]) or
+        recordings (--record: the same with a subject column) through the leak,
+        stall, threshold and anomaly detectors and print one JSON line per alert.""",
     )
     p.add_argument(
         "files", nargs="+", metavar="FILE.csv", help="trace files; - reads standard input"

@@ -14,6 +14,14 @@ from otel_gpu.agent.settings import AGENT_OPTIONS, DECLARED, ENV, Settings
 from otel_gpu.core.settings import add_options, given
 
 
+def add_command(
+    sub: argparse._SubParsersAction, name: str, summary: str, description: str
+) -> argparse.ArgumentParser:
+    """The parser of subcommand ``name``: ``summary`` is its line in ``otel-gpu --help``,
+    ``description`` (a triple-quoted paragraph, re-flowed by argparse) heads its own ``--help``."""
+    return sub.add_parser(name, help=summary, description=" ".join(description.split()))
+
+
 def add_agent_options(parser: argparse.ArgumentParser) -> None:
     """Options every watching command takes, built from the settings' declarations. Unset
     options fall back to the environment."""

@@ -25,6 +25,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 
 from otel_gpu.agent.settings import SIM_SCENARIOS, Settings
+from otel_gpu.commands.common import add_command
 from otel_gpu.core.http import BoundedServer
 from otel_gpu.core.settings import Setting, add_options, choice, given, number, resolve
 from otel_gpu.outputs.run_outputs import RunOutputs
@@ -71,12 +72,14 @@ class DemoOptions:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
+    parser = add_command(
+        sub,
         "demo",
-        help="watch a training-like job on a simulated leaking GPU (no GPU needed)",
-        description="Runs a training-like process on a simulated GPU that leaks memory, watched "
-        "by the real agent: live status, the leak detection, the circuit breaker opening and "
-        "the webhook notification (to a receiver on 127.0.0.1). Finishes in under a minute.",
+        "watch a training-like job on a simulated leaking GPU (no GPU needed)",
+        """Runs a training-like process on a simulated GPU that leaks memory, watched
+        by the real agent: live status, the leak detection, the circuit breaker
+        opening and the webhook notification (to a receiver on 127.0.0.1). Finishes
+        in under a minute.""",
     )
     add_options(parser, DEMO_OPTIONS)
     parser.set_defaults(func=demo)

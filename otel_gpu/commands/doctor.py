@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit
 
 from otel_gpu.agent.settings import Settings
+from otel_gpu.commands.common import add_command
 from otel_gpu.core.errors import UsageError
 from otel_gpu.core.printable import printable
 
@@ -32,11 +33,12 @@ class Check:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
+    parser = add_command(
+        sub,
         "doctor",
-        help="check NVML, GPUs, PID namespaces, git and the exporter endpoint",
-        description="Checks what the agent needs and prints one line per check: ok, warn or "
-        "fail, with the fix. Exit code 1 when any check fails.",
+        "check NVML, GPUs, PID namespaces, git and the exporter endpoint",
+        """Checks what the agent needs and prints one line per check: ok, warn or fail,
+        with the fix. Exit code 1 when any check fails.""",
     )
     parser.add_argument(
         "--endpoint",

@@ -15,19 +15,21 @@ import sys
 import threading
 from collections.abc import Mapping
 
-from otel_gpu.commands.common import LOG_FORMAT
+from otel_gpu.commands.common import LOG_FORMAT, add_command
 from otel_gpu.core.settings import add_options, given
 from otel_gpu.processor.settings import DECLARED, ProcessorConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
+    parser = add_command(
+        sub,
         "processor",
-        help="OTLP gRPC processor: forwards everything, detects leaks/stalls fleet-wide",
-        description="Receive OTLP metrics, traces and logs over gRPC, forward them unchanged to "
-        "the --forward endpoints, run leak/stall detection on the GPU series, and send alerts "
-        "(log records) and detector metrics downstream. Notification settings: OTEL_GPU_* "
-        "webhook variables (see the README); breaker settings: OTEL_GPU_BREAKER_*.",
+        "OTLP gRPC processor: forwards everything, detects leaks/stalls fleet-wide",
+        """Receive OTLP metrics, traces and logs over gRPC, forward them unchanged to
+        the --forward endpoints, run leak/stall detection on the GPU series, and
+        send alerts (log records) and detector metrics downstream. Notification
+        settings: OTEL_GPU_* webhook variables (see the README); breaker settings:
+        OTEL_GPU_BREAKER_*.""",
     )
     add_options(parser, DECLARED)
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail")

@@ -6,17 +6,20 @@ import argparse
 import sys
 from typing import Any
 
+from otel_gpu.commands.common import add_command
 from otel_gpu.core.errors import UsageError
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "report",
-        help="an HTML report with plots of recorded runs (--record FILE)",
-        description="Replay recordings (otel-gpu run/watch --record FILE) through the detection "
-        "engine and write one self-contained HTML page: GPU memory per process with the "
-        "engine's floor and fitted leak rate, utilization and power, phases, alerts and breaker "
-        "transitions, and the run summary. Needs matplotlib (pip install 'otel-gpu[report]').",
+        "an HTML report with plots of recorded runs (--record FILE)",
+        """Replay recordings (otel-gpu run/watch --record FILE) through the detection
+        engine and write one self-contained HTML page: GPU memory per process with
+        the engine's floor and fitted leak rate, utilization and power, phases,
+        alerts and breaker transitions, and the run summary. Needs matplotlib (pip
+        install 'otel-gpu[report]').""",
     )
     p.add_argument("files", nargs="+", metavar="FILE", help="recordings (CSV)")
     p.add_argument(
@@ -46,7 +49,12 @@ def run(args: argparse.Namespace) -> int:
 
     detect = load_config(args.config)
     breaker = BreakerConfig.from_env()
-    runs = [replay_recording(name, read_rows(name), detect, breaker) for name in args.files]
+    from otel_gpu.outputs.record import read_context
+
+    runs = [
+        replay_recording(name, read_rows(name), detect, breaker, read_context(name))
+        for name in args.files
+    ]
     try:
         with open(args.output, "w", encoding="utf-8") as fh:
             fh.write(page(runs))

@@ -14,6 +14,7 @@ import os
 from otel_gpu.agent.settings import SIDECAR_OPTIONS, Settings
 from otel_gpu.commands.common import (
     add_agent_options,
+    add_command,
     build_resource,
     settings_from_args,
     setup_logging,
@@ -25,15 +26,17 @@ from otel_gpu.outputs.run_outputs import RunOutputs, add_output_options
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
+    parser = add_command(
+        sub,
         "sidecar",
-        help="watch an inference pod (shared PID namespace); /healthz and /readyz",
-        description="Watch every process of the pod (or those named by --match and their "
-        "children) and the GPUs the pod was given (NVIDIA_VISIBLE_DEVICES or "
-        "CUDA_VISIBLE_DEVICES of the server, else the sidecar's own). With --health, /healthz "
-        "is 200 while sampling is fresh and /readyz 200 while no serving-fatal condition holds "
-        "(a lost GPU, an Xid that needs a reset, memory about to run out, requests waiting on "
-        "idle GPUs). Ends within OTEL_GPU_SHUTDOWN_TIMEOUT seconds of SIGTERM.",
+        "watch an inference pod (shared PID namespace); /healthz and /readyz",
+        """Watch every process of the pod (or those named by --match and their
+        children) and the GPUs the pod was given (NVIDIA_VISIBLE_DEVICES or
+        CUDA_VISIBLE_DEVICES of the server, else the sidecar's own). With --health,
+        /healthz is 200 while sampling is fresh and /readyz 200 while no
+        serving-fatal condition holds (a lost GPU, an Xid that needs a reset, memory
+        about to run out, requests waiting on idle GPUs). Ends within
+        OTEL_GPU_SHUTDOWN_TIMEOUT seconds of SIGTERM.""",
     )
     parser.add_argument(
         "--match",

@@ -8,6 +8,7 @@ import psutil
 
 from otel_gpu.commands.common import (
     add_agent_options,
+    add_command,
     build_resource,
     settings_from_args,
     setup_logging,
@@ -20,12 +21,14 @@ _PID_MAX = 4194304  # the kernel's largest pid_max
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
+    parser = add_command(
+        sub,
         "watch",
-        help="attach to a running process tree",
-        description="Watch PID and all its descendants and their GPUs until PID exits "
-        "(or Ctrl-C). Nothing is sent to the watched processes unless OTEL_GPU_STOP_ON_ALERT "
-        "is set, and then only the stop signal to its processes that hold GPU memory.",
+        "attach to a running process tree",
+        """Watch PID and all its descendants and their GPUs until PID exits (or
+        Ctrl-C). Nothing is sent to the watched processes unless
+        OTEL_GPU_STOP_ON_ALERT is set, and then only the stop signal to its
+        processes that hold GPU memory.""",
     )
     parser.add_argument("--pid", type=int, required=True, help="root PID of the job to watch")
     add_agent_options(parser)

@@ -118,8 +118,12 @@ def iter_rows(
 def _parse(
     name: str, lines: Iterable[str], on_unknown: Callable[[list[str]], None] | None
 ) -> Iterator[Row]:
-    reader = csv.reader(lines)
+    # A line starting with "#" is a comment (a recording's context lines): read as an empty
+    # line, so line numbers in errors stay the file's.
+    reader = csv.reader("\n" if line.startswith("#") else line for line in lines)
     header = next(reader, None)
+    while header == []:  # comment or blank lines before the header
+        header = next(reader, None)
     if not header:
         raise TraceError(f"{name}:1: empty file, expected a header starting with time_s,used_bytes")
     cols = [h.strip() for h in header]

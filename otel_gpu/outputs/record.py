@@ -11,6 +11,11 @@ unknown value is an empty cell. A text cell (subject, label, phase) that a sprea
 as a formula (``=``, ``+``, ``-``, ``@`` first) is written behind a ``'``; ``analyze`` and
 ``report`` read the text back exactly.
 
+Two comment lines carry the run's context for ``otel-gpu report``: after the header
+``# otel-gpu context {JSON}`` (host, service, git revision and dirty flag, start date, simulated)
+and at the end ``# otel-gpu end {JSON}`` (command, redacted; exit code; end date; wall duration).
+``analyze`` and ``report`` skip every line that starts with ``#`` (pandas: ``comment="#"``).
+
 The sampler thread only queues each sweep's rows (bounded: when the disk stalls, whole sweeps
 are dropped, counted and logged once); a writer thread writes and flushes them.
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import json
 import logging
 import math
 import queue
@@ -35,6 +41,8 @@ log = logging.getLogger("otel_gpu.record")
 # The analyze columns (every numeric Point field, procs and phase) after subject and label.
 COLUMNS = ("subject", "label", "time_s", *NUMERIC_FIELDS, "procs", "phase")
 _QUEUE_SWEEPS = 256
+CONTEXT_LINE = "# otel-gpu context "
+END_LINE = "# otel-gpu end "
 
 
 def open_recording(path: str, flag: str = "--record") -> IO[str]:
@@ -79,7 +87,7 @@ class Recorder:
         self._fh = fh
         self._writer = csv.writer(fh)
         self._writer.writerow(COLUMNS)
-        self._queue: queue.Queue[list[list[Any]] | None] = queue.Queue(_QUEUE_SWEEPS)
+        self._queue: queue.Queue[list[list[Any]] | str | None] = queue.Queue(_QUEUE_SWEEPS)
         self._named: dict[str, str] = {}
         self.dropped_sweeps = 0
         self._thread = threading.Thread(target=self._run, name="otel-gpu-record", daemon=True)
@@ -94,24 +102,54 @@ class Recorder:
             if self.dropped_sweeps == 1:
                 log.warning("recording falls behind (disk slow?): sweeps are being dropped")
 
+    def write_context(self, context: dict[str, Any]) -> None:
+        """The run's context line (``report`` shows it); never waits."""
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(_comment(CONTEXT_LINE, context))
+
     def _run(self) -> None:
         while True:
             batch = self._queue.get()
             if batch is None:
                 break
             try:
-                self._writer.writerows(batch)
+                if isinstance(batch, str):
+                    self._fh.write(batch)
+                else:
+                    self._writer.writerows(batch)
                 self._fh.flush()
             except OSError as exc:
                 log.warning("recording stopped: %s", exc)
                 break
 
-    def close(self, timeout_s: float = 2.0) -> None:
-        """Write what is queued (bounded by ``timeout_s``) and close the file."""
+    def close(self, timeout_s: float = 2.0, ending: dict[str, Any] | None = None) -> None:
+        """Write what is queued and the ``ending`` line (bounded by ``timeout_s``), and close
+        the file."""
         with contextlib.suppress(queue.Full):
+            if ending is not None:
+                self._queue.put(_comment(END_LINE, ending), timeout=timeout_s)
             self._queue.put(None, timeout=timeout_s)
         self._thread.join(timeout_s)
         if not self._thread.is_alive():
             self._fh.close()
         if self.dropped_sweeps:
             log.warning("recording: %d sweeps dropped", self.dropped_sweeps)
+
+
+def _comment(prefix: str, data: dict[str, Any]) -> str:
+    # One line whatever the values hold: JSON escapes newlines inside strings.
+    return prefix + json.dumps(data, sort_keys=True, default=str) + "\n"
+
+
+def read_context(path: str) -> dict[str, Any]:
+    """The context and end lines of a recording, merged (empty for a plain trace). Reads the
+    file's comment lines only; a line that is not valid JSON is passed over."""
+    found: dict[str, Any] = {}
+    with open(path, encoding="utf-8-sig", errors="replace") as fh:
+        for line in fh:
+            if line.startswith((CONTEXT_LINE, END_LINE)):
+                with contextlib.suppress(ValueError):
+                    data = json.loads(line.split(" ", 3)[3])
+                    if isinstance(data, dict):
+                        found.update(data)
+    return found

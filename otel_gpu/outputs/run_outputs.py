@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import logging
 import os
+import socket
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from otel_gpu.core.errors import UsageError
@@ -73,15 +76,19 @@ class RunOutputs:
         self.watchdog: Any = None
         self.sampler: Any = None
         self.leftovers: Any = None
+        self.progress: Any = None  # the trainers' progress (agent/trainers.py), when joined
         self._ended = False  # the job has ended: later sweeps are only for its leftovers
         self._started = time.monotonic()
 
-    def attach(self, sampler: Any, watchdog: Any) -> None:
-        """Listen to an agent's sweeps (before it starts)."""
+    def attach(self, sampler: Any, watchdog: Any, progress: Any = None) -> None:
+        """Listen to an agent's sweeps (before it starts); ``progress``: the trainers' phase
+        and step (:class:`otel_gpu.agent.trainers.TrainerProgress`) for the view's title and
+        the summary."""
         from otel_gpu.agent.leftovers import LeftoverWatch
         from otel_gpu.outputs.sweeps import labels, on_sweeps
 
-        self.watchdog, self.sampler = watchdog, sampler
+        self.watchdog, self.sampler, self.progress = watchdog, sampler, progress
+        self.view.training = None if progress is None else progress.title
         self.view.attach(sampler, watchdog)
         self.leftovers = LeftoverWatch()
         self.leftovers.listeners.append(self._on_leftovers)
@@ -140,9 +147,14 @@ class RunOutputs:
                 for listener in watchdog.transition_listeners:
                     listener(t)
 
-    def start(self, name: str, pid: int, settings: Any) -> None:
-        """Start the view with one line saying what is watched and where the metrics go."""
+    def start(
+        self, name: str, pid: int, settings: Any, resource: Mapping[str, Any] | None = None
+    ) -> None:
+        """Start the view with one line saying what is watched and where the metrics go; the
+        recording gets the run's context (``resource``: the exported resource's attributes)."""
         self._started = time.monotonic()
+        if self.recorder is not None:
+            self.recorder.write_context(run_context(settings, resource or {}))
         self.view.start(
             f"otel-gpu: watching {name} (PID {pid}) every {settings.interval_s:g} s, "
             f"{describe_export(settings)}, detection {'on' if self.watchdog is not None else 'off'}"
@@ -154,12 +166,22 @@ class RunOutputs:
 
         self.view.stop()
         if self.recorder is not None:
-            self.recorder.close()
+            from otel_gpu.core.redact import redact_command
+
+            self.recorder.close(
+                ending={
+                    "command": redact_command(command) if command else None,
+                    "exit_code": exit_code,
+                    "ended": _wall_time(),
+                    "duration_s": round(time.monotonic() - self._started, 3),
+                }
+            )
         data = self.summary.to_dict(
             duration_s=time.monotonic() - self._started,
             exit_code=exit_code,
             command=command,
             actions=self._actions(),
+            training=None if self.progress is None else self.progress.summary(),
         )
         if not self.quiet:
             with contextlib.suppress(OSError):  # stderr closed: nothing to show it on
@@ -182,6 +204,25 @@ class RunOutputs:
             "stops_requested": stats.stops,
             "stops_refused": stats.stops_refused,
         }
+
+
+def run_context(settings: Any, resource: Mapping[str, Any]) -> dict[str, Any]:
+    """What the report says of a run besides its data: where, which code, when, simulated."""
+    from otel_gpu.resource.git import VCS_DIRTY
+
+    return {
+        "host": resource.get("host.name") or socket.gethostname(),
+        "service": resource.get("service.name"),
+        "revision": resource.get("vcs.ref.head.revision"),
+        "ref": resource.get("vcs.ref.head.name"),
+        "dirty": resource.get(VCS_DIRTY),
+        "started": _wall_time(),
+        "simulated": getattr(settings, "simulate", None) or None,
+    }
+
+
+def _wall_time() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def _check_writable(path: str, flag: str) -> None:

@@ -266,23 +266,11 @@ class ProcessTree:
     # -- the tree ---------------------------------------------------------------------------
 
     def _scan(self) -> dict[int, ProcStat]:
-        stats: dict[int, ProcStat] = {}
         try:
             names = os.listdir(self.proc_root)
         except OSError:
-            return stats
-        skip = self._skip
-        for name in names:
-            if name.isdigit():
-                pid = int(name)
-                if pid in skip:
-                    continue
-                self.reading_pid = pid
-                st = read_stat(self.proc_root, pid)
-                if st is not None:
-                    stats[pid] = st
-        self.reading_pid = None
-        return stats
+            return {}
+        return self._stats_of(int(name) for name in names if name.isdigit())
 
     def _newest_pid(self) -> bytes | None:
         """The most recently created PID of this namespace (last field of loadavg), if known."""
@@ -304,9 +292,15 @@ class ProcessTree:
             wanted = [pid for pid, _start in self._roots]
         wanted += [pid for pid, _start in self._members]
         wanted += gpu_pids
+        return self._stats_of(dict.fromkeys(wanted))
+
+    def _stats_of(self, pids: Iterable[int]) -> dict[int, ProcStat]:
+        """The stats of ``pids`` that still exist, less the skipped ones (``reading_pid`` says
+        which one is being read)."""
         stats: dict[int, ProcStat] = {}
-        for pid in dict.fromkeys(wanted):
-            if pid in self._skip:
+        skip = self._skip
+        for pid in pids:
+            if pid in skip:
                 continue
             self.reading_pid = pid
             st = read_stat(self.proc_root, pid)

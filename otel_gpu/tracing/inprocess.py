@@ -5,7 +5,8 @@ Started by the tracing pipeline in every ``trainer`` and ``node`` process. Base 
 
 - ``hello``: who this is (pid, rank, local rank, world size, version, the operations served);
 - ``progress``: the phase and step now, and the step ends after the caller's ``since``
-  sequence number (``[[seq, step, wall_time_s], ...]``, oldest first).
+  sequence number (``[[seq, step, wall_time_s], ...]``, oldest first), and the training
+  numbers (``loss``, ``learning_rate``, ``grad_norm``, ``step_s``, ``samples_per_s``, ...).
 
 - ``stacks``: every thread's Python stack (:func:`otel_gpu.diagnose.stacks.handle_stacks`);
   and, for when the interpreter cannot run that, a ``faulthandler`` dump of all threads on
@@ -62,6 +63,7 @@ def _progress(request: Mapping[str, Any]) -> Mapping[str, Any]:
         "seq": seq,
         "steps": [list(e) for e in ends],
         "lost": lost,  # step ends the ring no longer held
+        "numbers": progress.numbers(),  # loss, learning_rate, grad_norm, step_s, ..._per_s
     }
 
 

@@ -207,7 +207,9 @@ class RunTracer:
         self._flush_step()
 
     def step_values(self, step: int, values: Mapping[str, Any]) -> None:
-        """Numbers logged for ``step`` (strings are ignored)."""
+        """Numbers logged for ``step`` (strings are ignored); the training numbers among them
+        become metrics (``training.loss``, ...) whatever the step."""
+        progress.set_numbers(numeric_attributes(values, prefix=""))
         if self._step_n == step:
             self._step_attrs.update(numeric_attributes(values))
 

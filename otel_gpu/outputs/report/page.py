@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from otel_gpu.core import units
-from otel_gpu.outputs.report.plots import activity_figure, memory_figure, to_svg
+from otel_gpu.outputs.report.plots import activity_figure, memory_figure, to_svg, training_figure
 from otel_gpu.outputs.report.replay import Run
 
 CSS = """
@@ -18,7 +18,8 @@ table { border-collapse: collapse; margin: 8px 0 16px; }
 th, td { padding: 3px 10px; border-bottom: 1px solid #eee; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
 td { white-space: nowrap; }
-table.events td, table.events th { text-align: left; }
+table.events td, table.events th, table.context td, table.context th { text-align: left; }
+table.context td { white-space: normal; }
 td.msg { white-space: normal; max-width: 560px; }
 .plot svg { width: 100%; height: auto; }
 .muted { color: #777; }
@@ -70,16 +71,57 @@ def alerts_table(run: Run) -> str:
     return f'<table class="events">{head}{"".join(rows)}</table>'
 
 
+def context_table(run: Run) -> str:
+    """Where, which code, when and how the run ended, from the recording's context lines."""
+    c = run.context
+    gpus = [s.label for s in run.series.values() if s.subject.startswith("gpu:")]
+    revision = c.get("revision")
+    if revision:
+        revision = str(revision)[:12] + (" (dirty: uncommitted changes)" if c.get("dirty") else "")
+        if c.get("ref"):
+            revision += f" on {c['ref']}"
+    code = c.get("exit_code")
+    rows = [
+        ("command", c.get("command")),
+        ("service", c.get("service")),
+        ("revision", revision),
+        ("host", c.get("host")),
+        ("GPUs", ", ".join(sorted(gpus)) or None),
+        ("started", c.get("started")),
+        ("ran", units.duration(c["duration_s"]) if c.get("duration_s") is not None else None),
+        ("exit code", None if code is None else str(code)),
+        (
+            "simulated",
+            f"yes (--simulate {c['simulated']}: no real GPU was read)"
+            if c.get("simulated")
+            else None,
+        ),
+    ]
+    shown = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows if v)
+    if not shown:
+        return '<p class="muted">No run context: a plain trace, not a recording of otel-gpu run or watch.</p>'
+    return f'<table class="context">{shown}</table>'
+
+
 def run_section(run: Run, index: int) -> str:
     memory = to_svg(memory_figure(run), f"run{index}-memory")
     activity = to_svg(activity_figure(run), f"run{index}-activity")
+    progress = training_figure(run)
+    training = (
+        ""
+        if progress is None
+        else f'<div class="plot" id="training-{index}">'
+        f"{to_svg(progress, f'run{index}-training')}</div>"
+    )
     return (
         f'<section class="run"><h2>{_esc(run.name)}</h2>'
         f'<p class="muted">{units.duration(run.end - run.start)} of data, '
         f"{len(run.series)} series, {len(run.alerts)} alerts</p>"
+        f"<h3>Run</h3>{context_table(run)}"
         f"<h3>Summary</h3>{summary_table(run)}"
         f'<div class="plot" id="memory-{index}">{memory}</div>'
         f'<div class="plot" id="activity-{index}">{activity}</div>'
+        f"{training}"
         f"<h3>Alerts and breaker transitions</h3>{alerts_table(run)}</section>"
     )
 

@@ -3,7 +3,9 @@ and breaker transitions the agent would have had, and the run summary.
 
 The replay mirrors the agent's watchdog: each row goes to the engine under its subject, each
 alert to the breaker, and after each sweep (the rows sharing one time) the breaker advances to
-that time. So the report shows what the live run showed, judged by exactly the same code.
+that time with the engine's active conditions (a leak whose floor still rises holds its breaker
+open, as it did live). So the report shows what the live run showed, judged by exactly the same
+code.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ class Series:
     util: list[float | None] = field(default_factory=list)
     power: list[float | None] = field(default_factory=list)
     phase: list[str | None] = field(default_factory=list)
+    step: list[float | None] = field(default_factory=list)  # the trainers' (the join's)
     floor_times: list[float] = field(default_factory=list)
     floor: list[float] = field(default_factory=list)
+    limit_bytes: float | None = None  # the last memory limit seen (a GPU's total memory)
 
 
 @dataclass
@@ -43,6 +47,8 @@ class Run:
     summary: dict[str, Any]
     start: float  # data time of the first row
     end: float
+    # The recording's context lines (outputs/record.py): host, revision, command, exit code...
+    context: dict[str, Any] = field(default_factory=dict)
 
 
 def replay_recording(
@@ -50,6 +56,7 @@ def replay_recording(
     rows: list[Row],
     detect: DetectConfig | None = None,
     breaker_config: BreakerConfig | None = None,
+    context: dict[str, Any] | None = None,
 ) -> Run:
     engine = Engine(detect)
     breaker = Breaker(breaker_config)
@@ -62,7 +69,7 @@ def replay_recording(
 
     def end_sweep() -> None:
         if sweep_time is not None:
-            for t in breaker.advance_all(sweep_time):
+            for t in breaker.advance_all(sweep_time, engine.active_kinds):
                 transitions.append(t)
                 summary.on_transition(t)
 
@@ -82,6 +89,9 @@ def replay_recording(
         s.util.append(p.util)
         s.power.append(p.power_w)
         s.phase.append(p.phase)
+        s.step.append(p.step)
+        if p.limit_bytes is not None:
+            s.limit_bytes = p.limit_bytes
         summary.observe(subject, p, row.label)
         for alert in engine.observe(subject, p):
             alerts.append(alert)
@@ -105,4 +115,5 @@ def replay_recording(
         summary=summary.to_dict(duration_s=end - start),
         start=start,
         end=end,
+        context=dict(context or {}),
     )

@@ -58,10 +58,14 @@ class Frame:
     last_alert_label: str | None = None
     no_gpu_reason: str | None = None
     detecting: bool = True  # False with --no-detect: no breaker, no floor trend
+    training: str | None = None  # the trainers' ``phase train  step 1234`` (agent/trainers.py)
 
 
-def build_frame(sweep: Sweep, started: float, last_alert: Alert | None = None) -> Frame:
-    """The frame of ``sweep``; ``started`` is the data time of the first sweep."""
+def build_frame(
+    sweep: Sweep, started: float, last_alert: Alert | None = None, training: str | None = None
+) -> Frame:
+    """The frame of ``sweep``; ``started`` is the data time of the first sweep; ``training``
+    the trainers' phase and step for the title."""
     snap = sweep.snapshot
     names = labels(snap)
     states: dict[str, str] = {}
@@ -127,4 +131,5 @@ def build_frame(sweep: Sweep, started: float, last_alert: Alert | None = None) -
         last_alert_label=None if last_alert is None else names.get(last_alert.subject),
         no_gpu_reason=None if snap.no_gpu_reason is None else printable(snap.no_gpu_reason),
         detecting=sweep.breaker is not None,
+        training=None if training is None else printable(training),
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from typing import IO, Any
 
 from rich.console import Console
@@ -86,6 +87,9 @@ class LiveView:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pinned: PinnedRegion | None = None
+        # The trainers' phase and step for the title (``phase train  step 1234``), read on the
+        # sampler thread when each frame is built; None when no trainer is joined.
+        self.training: Callable[[], str | None] | None = None
 
     # -- sampler thread -----------------------------------------------------------------------
 
@@ -95,7 +99,8 @@ class LiveView:
     def on_sweep(self, sweep: Sweep) -> None:
         if self._started is None:
             self._started = sweep.snapshot.time
-        self._frame = build_frame(sweep, self._started, self._last_alert)
+        training = self.training() if self.training is not None else None
+        self._frame = build_frame(sweep, self._started, self._last_alert, training)
         self._wake.set()
 
     # -- the view's thread --------------------------------------------------------------------

@@ -55,7 +55,9 @@ def _trend_style(row: ProcessRow) -> str:
 def header(frame: Frame, title: str) -> Text:
     text = Text(printable(title), style="bold")
     text.append(f"  up {clock(frame.elapsed_s)}")
-    if frame.phase:
+    if frame.training:
+        text.append(f"  {frame.training}")
+    elif frame.phase:
         text.append(f"  phase {printable(frame.phase)}")
     return text
 
@@ -156,7 +158,11 @@ def plain_line(frame: Frame, title: str) -> str:
     """One line per interval for logs and pipes: every GPU and GPU process, breaker, alert."""
     parts = [
         f"{printable(title)} up {clock(frame.elapsed_s)}"
-        + (f" phase {printable(frame.phase)}" if frame.phase else "")
+        + (
+            f" {frame.training}"
+            if frame.training
+            else (f" phase {printable(frame.phase)}" if frame.phase else "")
+        )
     ]
     if frame.no_gpu_reason:
         parts.append(f"no GPU data: {frame.no_gpu_reason}")
