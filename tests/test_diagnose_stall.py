@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,16 +23,16 @@ NO_PYSPY_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 def _env(run_dir: Path, **extra: str) -> dict[str, str]:
-    return clean_env(
-        PYTHONPATH=str(ROOT),
-        OTEL_GPU_RUNTIME_DIR=str(run_dir),
-        OTEL_TRACES_EXPORTER="none",
-        OTEL_METRICS_EXPORTER="none",
-        OTEL_LOGS_EXPORTER="none",
-        OTEL_GPU_DETECT="false",
-        HANG_JOB_MAX_S="90",
-        **extra,
-    )
+    values = {
+        "PYTHONPATH": str(ROOT),
+        "OTEL_GPU_RUNTIME_DIR": str(run_dir),
+        "OTEL_TRACES_EXPORTER": "none",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
+        "OTEL_GPU_DETECT": "false",
+        "HANG_JOB_MAX_S": "90",
+    }
+    return clean_env(**{**values, **extra})
 
 
 class HungJob:
@@ -103,8 +104,8 @@ def _groups(out: dict) -> list[tuple[list[int], str, str]]:
 @pytest.mark.peers
 def test_a_rank_blocked_in_a_function_while_the_others_wait_in_all_reduce(blocked: HungJob):
     expected = [
-        ([1], "fetch_remote_shard", "hang_job.py:34"),
-        ([0, 2], "all_reduce", "hang_job.py:48"),
+        ([1], "fetch_remote_shard", "hang_job.py:36"),
+        ([0, 2], "all_reduce", "hang_job.py:50"),
     ]
     for path, methods in ((None, {"py-spy"}), (NO_PYSPY_PATH, {"channel"})):
         out = _diagnose(blocked, path=path)
@@ -122,8 +123,8 @@ def test_a_rank_blocked_in_a_function_while_the_others_wait_in_all_reduce(blocke
                    env=_env(blocked.run_dir, PATH=NO_PYSPY_PATH))  # fmt: skip
     pids = {p["rank"]: p["pid"] for p in out["processes"]}
     assert res.stdout.splitlines()[:2] == [
-        f"rank 1 (PID {pids[1]}) in fetch_remote_shard at hang_job.py:34"
-        " · ranks 0, 2 in all_reduce at hang_job.py:48",
+        f"rank 1 (PID {pids[1]}) in fetch_remote_shard at hang_job.py:36"
+        " · ranks 0, 2 in all_reduce at hang_job.py:50",
         "collective 4 all_reduce (default_pg): rank 1 missing (ranks 0, 2 waiting)",
     ]
     # Any rank's PID finds the whole job.
@@ -145,8 +146,8 @@ def test_two_ranks_calling_different_collectives_is_a_mismatch(tmp_path: Path):
     finally:
         job.stop()
     assert _groups(out) == [
-        ([1], "broadcast", "hang_job.py:65"),
-        ([0, 2], "all_reduce", "hang_job.py:48"),
+        ([1], "broadcast", "hang_job.py:73"),
+        ([0, 2], "all_reduce", "hang_job.py:50"),
     ]
     [c] = out["collectives"]
     assert (c["kind"], c["seq"], c["ranks"]) == ("mismatch", 4, [1])
@@ -198,3 +199,37 @@ def test_otel_gpu_run_gives_the_job_the_flight_recorder_unless_set_or_switched_o
                        show, env=clean_env(**extra))  # fmt: skip
         assert res.returncode == 0, res.stderr
         assert res.stdout.strip().splitlines()[-1] == repr(expected)
+
+
+@pytest.mark.peers
+def test_the_stall_alert_of_otel_gpu_run_says_where_the_job_is_stuck(tmp_path: Path):
+    # otel-gpu run -- torchrun (ranks instrumented by the wrapper): the trainers' steps reach
+    # the engine over the channel; the steps stop; the stall alert carries the diagnosis.
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    summary = tmp_path / "summary.json"
+    env = _env(run_dir, HANG_JOB_MAX_S="25", HANG_JOB_STEP_S="0.4",
+               OTEL_GPU_DETECT_STALL_STEP_FLOOR_S="3", OTEL_GPU_DETECT="true",
+               PATH=NO_PYSPY_PATH)  # fmt: skip
+    port = str(20000 + (os.getpid() + 7) % 20000)
+    res = otel_gpu(
+        "run", "--simulate", "steady", "--interval", "0.5", "--exporter", "none",
+        "--summary-json", str(summary), "--", sys.executable, "-m", "torch.distributed.run",
+        "--nproc-per-node", "3", "--master-port", port, str(HANG_JOB), "blocked", "8",
+        env=env, timeout=240,
+    )  # fmt: skip
+    assert res.returncode == 1, res.stderr[-3000:]  # torchrun's own code: rank 1 gave up (7)
+    [alert] = [a for a in json.loads(summary.read_text())["alerts"] if a["kind"] == "stall"]
+    assert "training step stuck at 8" in alert["message"]
+    stuck_s = int(re.search(r"for (\d+) s", alert["message"]).group(1))
+    assert stuck_s <= 20  # 20 typical steps (~0.5 s each), not the 15-minute window
+    found = alert["diagnosis"]
+    pid1 = found["data"]["groups"][0]["pids"][0]
+    assert found["lines"] == [
+        f"rank 1 (PID {pid1}) in fetch_remote_shard at hang_job.py:36",
+        "ranks 0, 2 in all_reduce at hang_job.py:50",
+        "collective 9 all_reduce (default_pg): rank 1 missing (ranks 0, 2 waiting)",
+    ]
+    assert {p["method"] for p in found["data"]["processes"]} == {"channel"}
+    assert found["took_s"] < 10
+    assert f"rank 1 (PID {pid1}) in fetch_remote_shard at hang_job.py:36" in res.stdout + res.stderr

@@ -40,6 +40,28 @@ class HangReport:
         out.extend(f.line for f in self.findings if f.kind == collectives.NO_DUMP)
         return out
 
+    def alert_lines(self) -> list[str]:
+        """For an alert (notifiers show the first three): one line per group, the odd ones
+        first, the collective findings after the first two groups, then what could not be
+        seen."""
+        groups = [g.line() for g in self.groups]
+        found = [f.line for f in self.findings if f.kind != collectives.NO_DUMP]
+        out = groups[:2] + found + groups[2:]
+        out.extend(stacks.describe([], self.stacks))
+        out.extend(f.line for f in self.findings if f.kind == collectives.NO_DUMP)
+        return out
+
+    def alert_data(self) -> dict[str, Any]:
+        """:meth:`to_json` without every thread's frames (bounded for an alert)."""
+        data = self.to_json()
+        for g in data["groups"]:
+            g["frames"] = g["frames"][:10]
+        data["processes"] = [
+            {k: p[k] for k in ("pid", "rank", "worker", "method", "error", "took_s")}
+            for p in data["processes"]
+        ]
+        return data
+
     def details(self) -> list[str]:
         """One line per group with its frames (innermost first, up to five)."""
         out = []

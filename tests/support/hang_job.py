@@ -11,7 +11,8 @@ MODE [STEPS]``; every rank trains ``STEPS`` steps (``otel_gpu.step``), prints
   ``all_reduce``;
 - ``finish``: nobody hangs; every rank exits 0.
 
-A hung rank waits at most ``HANG_JOB_MAX_S`` (default 120 s), then exits 7.
+A hung rank waits at most ``HANG_JOB_MAX_S`` (default 120 s), then exits 7. Each step takes
+``HANG_JOB_STEP_S`` (default 0), all in the train phase (``otel_gpu.phase("train")``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch.distributed as dist
 import otel_gpu
 
 MAX_S = float(os.environ.get("HANG_JOB_MAX_S", "120"))
+STEP_S = float(os.environ.get("HANG_JOB_STEP_S", "0"))
 
 
 def fetch_remote_shard() -> None:
@@ -49,6 +51,11 @@ def train_step(t: torch.Tensor) -> None:
 
 
 def main() -> int:
+    with otel_gpu.phase("train"):
+        return job()
+
+
+def job() -> int:
     mode = sys.argv[1]
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=MAX_S))
@@ -56,6 +63,7 @@ def main() -> int:
     t = torch.ones(4)
     for s in range(1, steps + 1):
         train_step(t)
+        time.sleep(STEP_S)
         otel_gpu.step(s)
     print(f"rank {rank} at step {steps}", flush=True)
     if mode != "finish" and rank == 1:
