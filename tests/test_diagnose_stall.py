@@ -156,6 +156,26 @@ def test_two_ranks_calling_different_collectives_is_a_mismatch(tmp_path: Path):
     )
 
 
+@pytest.mark.peers
+def test_a_rank_stuck_in_its_dataloader_worker(tmp_path: Path):
+    # py-spy sees the worker (a forked child serves no channel): rank 1 waits in the loader's
+    # __next__, its worker is stuck in the dataset, the others wait in all_reduce.
+    job = HungJob(tmp_path, "loader")
+    try:
+        job.wait_hung()
+        out = _diagnose(job)
+    finally:
+        job.stop()
+    groups = [(g["ranks"], g["workers"], g["function"], g["where"]) for g in out["groups"]]
+    assert groups == [
+        ([1], [False], "__next__", "hang_job.py:78"),
+        ([1], [True], "fetch_remote_shard", "hang_job.py:36"),
+        ([0, 2], [False, False], "all_reduce", "hang_job.py:50"),
+    ]
+    assert out["summary"].startswith("rank 1 (PID ")
+    assert " · rank 1 worker (PID " in out["summary"]
+
+
 @pytest.mark.process
 def test_cannot_look_is_one_line_and_exit_2(tmp_path: Path):
     res = otel_gpu("diagnose", "stall", "--pid", "999999999")
