@@ -253,3 +253,28 @@ def test_the_stall_alert_of_otel_gpu_run_says_where_the_job_is_stuck(tmp_path: P
     assert {p["method"] for p in found["data"]["processes"]} == {"channel"}
     assert found["took_s"] < 10
     assert f"rank 1 (PID {pid1}) in fetch_remote_shard at hang_job.py:36" in res.stdout + res.stderr
+
+
+@pytest.mark.peers
+def test_the_in_process_node_agents_stall_alert_says_where(tmp_path: Path):
+    # opentelemetry-instrument torchrun: local rank 0's node agent watches torchrun's tree,
+    # learns the steps in process, and its stall alert (the breaker's log line) says where.
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    env = _env(run_dir, OTEL_GPU_DETECT="true", OTEL_GPU_SIMULATE="steady",
+               OTEL_GPU_INTERVAL="0.5", OTEL_GPU_DETECT_STALL_STEP_FLOOR_S="3",
+               HANG_JOB_MAX_S="25", HANG_JOB_STEP_S="0.4", PATH=NO_PYSPY_PATH)  # fmt: skip
+    port = str(20000 + (os.getpid() + 13) % 20000)
+    res = subprocess.run(
+        [os.path.join(BIN, "opentelemetry-instrument"), sys.executable, "-m",
+         "torch.distributed.run", "--nproc-per-node", "3", "--master-port", port,
+         str(HANG_JOB), "blocked", "8"],
+        capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 1, res.stderr[-3000:]  # torchrun's own code for a failed rank
+    opened = [ln for ln in res.stderr.splitlines() if "opened on 1 stall alert" in ln]
+    assert len(opened) == 1, res.stderr[-3000:]
+    assert "training step stuck at 8 for" in opened[0]
+    assert re.search(
+        r"where: rank 1 \(PID \d+\) in fetch_remote_shard at hang_job.py:36", opened[0]
+    )
