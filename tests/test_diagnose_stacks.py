@@ -195,6 +195,7 @@ def test_each_way_finds_the_function_a_process_is_blocked_in(private_dir: Path, 
         assert got.took_s < 5
     finally:
         _finish(proc)  # the process was never harmed: it finishes with its own code
+    assert not os.path.exists(stacks.dump_path(str(private_dir), proc.pid))  # removed at exit
 
 
 @pytest.mark.process

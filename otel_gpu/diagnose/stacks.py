@@ -23,6 +23,7 @@ there (wrappers such as a decorator's ``wrapper`` skipped).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -248,7 +249,14 @@ def install_faulthandler(directory: str) -> str | None:
         _fh_file = None
         return None
     os.register_at_fork(after_in_child=_forget_faulthandler)
+    atexit.register(_remove_dump, path, os.getpid())
     return path
+
+
+def _remove_dump(path: str, owner: int) -> None:
+    if os.getpid() == owner:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _forget_faulthandler() -> None:
