@@ -105,6 +105,7 @@ def configure(
     # one starts report it too (a launcher's ranks, a trainer's workers).
     ensure_instance_id(os.environ)
     if role == context.LAUNCHER:
+        _flight_recorder_for_ranks()
         return None
     from otel_gpu.agent.settings import Settings
 
@@ -131,6 +132,20 @@ def configure(
         warn_unknown(os.environ)  # once per node, not per rank
         _setup.agent = _start_node_agent(_setup.meter_provider, agent_settings, detection)
     return _setup
+
+
+def _flight_recorder_for_ranks() -> None:
+    """A launcher's ranks get PyTorch's flight recorder (``OTEL_GPU_FLIGHT_RECORDER``), as
+    ``otel-gpu run`` gives it to its job; never fails the launcher."""
+    try:
+        from otel_gpu.agent.settings import Settings
+        from otel_gpu.core.runtime_dir import runtime_dir
+        from otel_gpu.diagnose.collectives import flight_recorder_env
+
+        if Settings.load().flight_recorder:
+            os.environ.update(flight_recorder_env(os.environ, runtime_dir()))
+    except Exception as exc:  # a bad setting or no private directory: the job runs without
+        log.warning("otel-gpu: flight recorder not set up for the ranks: %s", exc)
 
 
 def _start_node_agent(meter_provider: Any, agent_settings: Any, detection: Any = None) -> Any:

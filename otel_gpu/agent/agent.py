@@ -91,6 +91,7 @@ class Agent:
         (:mod:`otel_gpu.agent.trainers`), polled after each sweep before detection; its phase
         and step feed detection unless ``trainer`` or ``phase`` is given."""
         self.settings = settings
+        roots = tuple(roots)
         self.sampler: Sampler | SamplerProcess
         if source is None and settings.sampler == "process":
             self.sampler = SamplerProcess(
@@ -143,6 +144,17 @@ class Agent:
                 trainer=trainer,
                 phase=phase,
             )
+        if (
+            self.watchdog is not None
+            and settings.stall_diagnosis
+            and roots
+            and getattr(self.watchdog, "diagnosis", True) is None
+        ):
+            from otel_gpu.agent.diagnosis import DiagnosisQueue
+            from otel_gpu.agent.stall_diagnosis import StallDiagnoser
+            from otel_gpu.detect.model import STALL
+
+            self.watchdog.diagnosis = DiagnosisQueue({STALL: StallDiagnoser(roots)})
         if self.watchdog is not None:
             self.sampler.add_listener(self.watchdog.on_snapshot)
             if meter_provider is not None:

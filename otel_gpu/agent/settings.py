@@ -163,6 +163,19 @@ DECLARED = (
         "the runtime directory (`OTEL_GPU_RUNTIME_DIR`)",
     ),
     Setting(
+        "flight_recorder", "OTEL_GPU_FLIGHT_RECORDER", boolean,
+        "`otel-gpu run` (and a launcher under `opentelemetry-instrument`) turns on PyTorch's "
+        "flight recorder for the job: `TORCH_FR_BUFFER_SIZE` 2000, `TORCH_NCCL_DEBUG_INFO_PIPE_FILE`"
+        " and `TORCH_NCCL_DEBUG_INFO_TEMP_FILE` in the runtime directory, each only when unset; "
+        "`false`: none of them", "true",
+    ),
+    Setting(
+        "stall_diagnosis", "OTEL_GPU_STALL_DIAGNOSIS", boolean,
+        "a stall alert carries where the job is stuck: every rank's stacks, grouped, and the "
+        "collective a rank has not joined (see \"When a job hangs\"); `false`: it does not",
+        "true",
+    ),
+    Setting(
         "sampler", "OTEL_GPU_SAMPLER", choice(SAMPLER_MODES),
         "`process`: NVML and `/proc` in a supervised helper process; `thread`: in the agent's "
         "process (no crash isolation)", "process",
@@ -224,6 +237,8 @@ class Settings:
     detect: bool = True  # run the detection engine in the agent
     shutdown_timeout_s: float = 5.0  # bound on flush + shutdown
     lock_dir: str | None = None  # where the node-ownership lock lives (default: temp dir)
+    flight_recorder: bool = True  # the job gets PyTorch's flight-recorder variables
+    stall_diagnosis: bool = True  # stall alerts wait (bounded) for where the job is stuck
     # process: NVML and /proc are read in a supervised helper process (crash-isolated);
     # thread: on a thread of the agent's own process (no isolation; for debugging).
     sampler: str = "process"

@@ -27,6 +27,7 @@ from otel_gpu.core.job_identity import (
 )
 from otel_gpu.core.runtime_dir import RUNTIME_DIR_ENV, runtime_dir
 from otel_gpu.core.settings import add_options
+from otel_gpu.diagnose.collectives import flight_recorder_env
 from otel_gpu.outputs.run_outputs import RunOutputs, add_output_options
 
 
@@ -91,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
 
     env = shared_identity(job_environment(), args.service_name or default_service_name(cmd))
     directory = hand_to_trainer(env, settings, given_flags(args))
+    if settings.flight_recorder:
+        env.update(flight_recorder_env(env, directory))
     session = AgentSession(
         settings,
         LaunchedCommand(cmd, env),

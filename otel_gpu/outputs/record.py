@@ -14,6 +14,8 @@ as a formula (``=``, ``+``, ``-``, ``@`` first) is written behind a ``'``; ``ana
 Two comment lines carry the run's context for ``otel-gpu report``: after the header
 ``# otel-gpu context {JSON}`` (host, service, git revision and dirty flag, start date, simulated)
 and at the end ``# otel-gpu end {JSON}`` (command, redacted; exit code; end date; wall duration).
+Each diagnosed alert adds ``# otel-gpu diagnosis {JSON}`` (time, kind, subject, message, the
+diagnosis's lines, time taken or error; redacted), which the report lists beside the alerts.
 ``analyze`` and ``report`` skip every line that starts with ``#`` (pandas: ``comment="#"``).
 
 The sampler thread only queues each sweep's rows (bounded: when the disk stalls, whole sweeps
@@ -33,7 +35,8 @@ from typing import IO, Any
 
 from otel_gpu.core.errors import UsageError
 from otel_gpu.core.private_files import open_private
-from otel_gpu.detect.model import NUMERIC_FIELDS
+from otel_gpu.core.redact import redact_value
+from otel_gpu.detect.model import NUMERIC_FIELDS, Alert
 from otel_gpu.detect.trace import text_cell
 from otel_gpu.outputs.sweeps import Sweep, labels
 
@@ -44,6 +47,7 @@ COLUMNS = ("subject", "label", "time_s", *NUMERIC_FIELDS, "procs", "phase")
 _QUEUE_SWEEPS = 256
 CONTEXT_LINE = "# otel-gpu context "
 END_LINE = "# otel-gpu end "
+DIAGNOSIS_LINE = "# otel-gpu diagnosis "
 
 
 def open_recording(path: str, flag: str = "--record") -> IO[str]:
@@ -114,6 +118,23 @@ class Recorder:
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(_comment(CONTEXT_LINE, context))
 
+    def on_alert(self, alert: Alert) -> None:
+        """A diagnosed alert's diagnosis as a comment line (``report`` shows it); never waits."""
+        d = alert.diagnosis
+        if d is None:
+            return
+        found = {
+            "time": alert.time,
+            "kind": alert.kind,
+            "subject": alert.subject,
+            "message": alert.message,
+            "lines": list(d.lines),
+            "took_s": d.took_s,
+            "error": d.error,
+        }
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(_comment(DIAGNOSIS_LINE, redact_value(found)))
+
     def _run(self) -> None:
         while True:
             batch = self._queue.get()
@@ -166,7 +187,12 @@ def read_context(path: str) -> dict[str, Any]:
     found: dict[str, Any] = {}
     with open(path, encoding="utf-8-sig", errors="replace") as fh:
         for line in fh:
-            if line.startswith((CONTEXT_LINE, END_LINE)):
+            if line.startswith(DIAGNOSIS_LINE):
+                with contextlib.suppress(ValueError):
+                    data = json.loads(line.split(" ", 3)[3])
+                    if isinstance(data, dict):
+                        found.setdefault("diagnoses", []).append(data)
+            elif line.startswith((CONTEXT_LINE, END_LINE)):
                 with contextlib.suppress(ValueError):
                     data = json.loads(line.split(" ", 3)[3])
                     if isinstance(data, dict):

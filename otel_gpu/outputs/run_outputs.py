@@ -113,6 +113,8 @@ class RunOutputs:
         if not self.quiet or self.summary_json is not None:
             on_sweeps(sampler, watchdog, summarise)
         if self.recorder is not None:
+            if watchdog is not None:
+                watchdog.alert_listeners.append(self.recorder.on_alert)
             record = self.recorder.on_sweep
             on_sweeps(sampler, watchdog, lambda sweep: None if self._ended else record(sweep))
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from otel_gpu.detect.model import ROW_FIELDS, Point, point_from_row
+from otel_gpu.detect.model import ROW_FIELDS, Point, canonical_phase, point_from_row
 from otel_gpu.detect.subject import subject_attributes
 from otel_gpu.processor.decode import (
     COUNTED,
@@ -183,7 +183,8 @@ class Assembler:
             job = self._jobs[res.job] = _Job()
         if fld == F_PHASE:
             if time_ns >= job.phase_t:
-                job.phase_t, job.phase = time_ns, value
+                job.phase_t = time_ns
+                job.phase = canonical_phase(value) if isinstance(value, str) else value
         elif time_ns >= job.step_t:
             job.step_t, job.step = time_ns, value
 

@@ -43,22 +43,17 @@ from otel_gpu.core.signals import (
     TRAINING_TOKENS_RATE,
     observable,
 )
-from otel_gpu.detect.model import PHASE_EVALUATE, PHASE_LOAD, PHASE_SAVE, PHASE_TRAIN
+from otel_gpu.detect.model import (
+    PHASE_ALIASES,
+    PHASE_EVALUATE,
+    PHASE_LOAD,
+    PHASE_SAVE,
+    PHASE_TRAIN,
+)
 
 log = logging.getLogger("otel_gpu.tracing")
 
 PHASES = (PHASE_LOAD, PHASE_TRAIN, PHASE_EVALUATE, PHASE_SAVE)
-# Span and API names that count as one of the phases above.
-PHASE_ALIASES = {
-    "load": PHASE_LOAD,
-    "load_model": PHASE_LOAD,
-    "load_data": PHASE_LOAD,
-    "train": PHASE_TRAIN,
-    "evaluate": PHASE_EVALUATE,
-    "eval": PHASE_EVALUATE,
-    "save": PHASE_SAVE,
-    "save_checkpoint": PHASE_SAVE,
-}
 
 _owner_pid = os.getpid()
 _step: int | None = None

@@ -61,6 +61,13 @@ def alerts_table(run: Run) -> str:
         (t.time, f"breaker {t.from_state} → {t.to_state}", t.subject, t.reason)
         for t in run.transitions
     ]
+    for d in run.context.get("diagnoses") or []:  # recorded beside the live alerts
+        if isinstance(d, dict) and isinstance(d.get("time"), int | float):
+            lines = [str(x) for x in d.get("lines") or []]
+            text = " | ".join(lines) or f"no diagnosis: {d.get('error')}"
+            events.append(
+                (float(d["time"]), f"{d.get('kind')} diagnosis", str(d.get("subject")), text)
+            )
     for when, what, subject, text in sorted(events, key=lambda e: e[0]):
         rows.append(
             f"<tr><td>{units.duration(when - run.start)}</td><td>{_esc(what)}</td>"
