@@ -149,3 +149,43 @@ def test_the_processor_keeps_its_state_on_the_claim() -> None:
     service = _one(objects, "Service", "otel-gpu-processor")
     assert service["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
     assert {p["targetPort"] for p in service["spec"]["ports"]} <= set(names)
+
+
+# What each otel-gpu command's probes may use (otel_gpu/agent/health.py,
+# otel_gpu/processor/health.py): liveness on the agent's own work or the processor's serving,
+# never on a telemetry backend (the agents' /exportz, the processor's stall in /healthz).
+AGENT_PROBES = {"livenessProbe": "/healthz", "readinessProbe": "/healthz"}
+PROCESSOR_PROBES = {"livenessProbe": "/livez", "readinessProbe": "/readyz"}
+
+
+def _probe_port(container: dict[str, Any], probe: dict[str, Any]) -> int:
+    port = probe["httpGet"]["port"]
+    if isinstance(port, int):
+        return port
+    return next(p["containerPort"] for p in container["ports"] if p["name"] == port)
+
+
+def test_no_probe_restarts_or_unreadies_for_a_telemetry_backend() -> None:
+    checked = []
+    for overlay in OVERLAYS:
+        for obj in _render(overlay):
+            if obj["kind"] not in ("Deployment", "DaemonSet"):
+                continue
+            containers = obj["spec"]["template"]["spec"]["containers"]
+            for c in containers:
+                for kind in ("livenessProbe", "readinessProbe", "startupProbe"):
+                    if kind in c:  # on any container, the inference server's too
+                        assert c[kind]["httpGet"]["path"] != "/exportz", (obj["kind"], c["name"])
+                if not c["image"].split(":")[0].endswith("otel-gpu"):
+                    continue
+                command = c["args"][0]
+                wanted = PROCESSOR_PROBES if command == "processor" else AGENT_PROBES
+                health = _port(_flag(c["args"], "--health"))
+                assert "livenessProbe" in c, (obj["kind"], c["name"])
+                for kind, path in wanted.items():
+                    if kind in c:
+                        assert c[kind]["httpGet"]["path"] == path, (obj["kind"], c["name"], kind)
+                        assert _probe_port(c, c[kind]) == health, (obj["kind"], c["name"], kind)
+                checked.append(f"{overlay}:{obj['kind']}/{c['name']}")
+    assert {"overlays/cluster:DaemonSet/otel-gpu", "overlays/cluster:Deployment/processor",
+            "overlays/vllm:Deployment/otel-gpu"} <= set(checked), checked  # fmt: skip

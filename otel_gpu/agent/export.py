@@ -37,7 +37,10 @@ def metric_readers(
     interval_ms = settings.export_interval_s * 1000.0
 
     def counted(exporter: MetricExporter) -> MetricExporter:
-        return exporter if export_health is None else CountingExporter(exporter, export_health)
+        if export_health is None:
+            return exporter
+        export_health.pushing()
+        return CountingExporter(exporter, export_health)
 
     readers: list[MetricReader] = []
     for name in settings.exporters:

@@ -168,11 +168,13 @@ DECLARED = (
     ),
     Setting(
         "health", "OTEL_GPU_HEALTH", _health,
-        "serve `/healthz` (see \"Health endpoint\")", "off", "--health", "HOST:PORT",
+        "serve `/healthz` and `/exportz` (see \"Health endpoint\")", "off", "--health",
+        "HOST:PORT",
     ),
     Setting(
         "health_export_grace_s", "OTEL_GPU_HEALTH_EXPORT_GRACE", _seconds(),
-        "seconds of failing exports before `/healthz` answers 503", "60",
+        "seconds of failing exports before `/exportz` answers 503 (`/healthz` only says so)",
+        "60",
     ),
     Setting(
         "process_command", "OTEL_GPU_PROCESS_COMMAND", choice(COMMAND_MODES),
@@ -215,8 +217,8 @@ class Settings:
     # process: NVML and /proc are read in a supervised helper process (crash-isolated);
     # thread: on a thread of the agent's own process (no isolation; for debugging).
     sampler: str = "process"
-    health: str | None = None  # HOST:PORT of the /healthz endpoint; None: no endpoint
-    health_export_grace_s: float = 60.0  # exports failing this long make /healthz 503
+    health: str | None = None  # HOST:PORT of /healthz and /exportz; None: no endpoint
+    health_export_grace_s: float = 60.0  # exports failing this long make /exportz 503
     # What process.command (and the process detector's command attributes) hold: redacted,
     # executable or off (otel_gpu.core.redact).
     process_command: str = COMMAND_REDACTED

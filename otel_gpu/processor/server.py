@@ -188,6 +188,8 @@ class Processor:
                 self.health,
                 self.stats,
                 cfg.health_max_connections,
+                live=self.liveness,
+                ready=self.readiness,
                 source=cfg.source("health"),
             )
             self.health_address = self._health.address
@@ -437,13 +439,9 @@ class Processor:
 
     def health(self) -> tuple[bool, str]:
         """(healthy, one line) by the rule documented in :mod:`otel_gpu.processor.health`."""
-        if self._stopping:
-            return False, "stopping"
-        problems = [self._store.problem(), self.memory.problem()]
-        problems += [f.problem() for f in self.forwarders]
-        for problem in problems:
-            if problem:
-                return False, f"degraded: {problem}"
+        ready, text = self.readiness()
+        if not ready:
+            return ready, text
         last = self._last_accept
         if last is None:
             return True, "ok: waiting for data"
@@ -454,6 +452,26 @@ class Processor:
                 f"(limit {self.config.stall_after_s:g} s)"
             )
         return True, f"ok: last export request {age:.1f} s ago"
+
+    def liveness(self) -> tuple[bool, str]:
+        """``/livez``: the processor serves (it answers this; not stopping). Never what the
+        agents or the downstreams do: an outage of either must not restart it."""
+        if self._stopping:
+            return False, "stopping"
+        ok, text = self.health()
+        return True, f"live; health: {text}"
+
+    def readiness(self) -> tuple[bool, str]:
+        """``/readyz``: can it take data now (store, memory, disk queues)? Not the ingestion
+        stall: an unready processor gets no data, so it could never end one."""
+        if self._stopping:
+            return False, "stopping"
+        problems = [self._store.problem(), self.memory.problem()]
+        problems += [f.problem() for f in self.forwarders]
+        for problem in problems:
+            if problem:
+                return False, f"degraded: {problem}"
+        return True, "ready"
 
     def stats(self) -> dict[str, Any]:
         """Counters: requests by outcome, detection, each downstream, actions (no secrets)."""
