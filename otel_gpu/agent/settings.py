@@ -178,9 +178,9 @@ DECLARED = (
     ),
     Setting(
         "process_command", "OTEL_GPU_PROCESS_COMMAND", choice(COMMAND_MODES),
-        "what `process.command` holds: `redacted` (the command line, credentials masked), "
-        "`executable` (the program, and a Python script or `-m` module) or `off` (no command); "
-        "see \"What is redacted\"", "redacted",
+        "what `process.command_line` holds: `redacted` (the command line, credentials masked), "
+        "`executable` (the program, and a Python script or `-m` module) or `off` (no command "
+        "line; `process.command`, argv[0], stays); see \"What is redacted\"", "redacted",
     ),
     Setting(
         "server_metrics", "OTEL_GPU_SERVER_METRICS", _server_metrics,
@@ -219,8 +219,8 @@ class Settings:
     sampler: str = "process"
     health: str | None = None  # HOST:PORT of /healthz and /exportz; None: no endpoint
     health_export_grace_s: float = 60.0  # exports failing this long make /exportz 503
-    # What process.command (and the process detector's command attributes) hold: redacted,
-    # executable or off (otel_gpu.core.redact).
+    # What process.command_line (and the process detector's command line and arguments) hold:
+    # redacted, executable or off (otel_gpu.core.redact).
     process_command: str = COMMAND_REDACTED
     # The inference server's Prometheus URL the sidecar scrapes; None: no scrape.
     server_metrics: str | None = None

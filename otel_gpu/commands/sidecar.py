@@ -64,7 +64,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def sidecar_settings(args: argparse.Namespace, env: dict[str, str]) -> Settings:
     """The shared agent settings, with the sidecar's defaults: the executable only in
-    ``process.command`` unless OTEL_GPU_PROCESS_COMMAND says otherwise."""
+    ``process.command_line`` unless OTEL_GPU_PROCESS_COMMAND says otherwise."""
     return settings_from_args(args, env, process_command="executable")
 
 
