@@ -259,8 +259,8 @@ def test_the_compose_collector_talks_to_the_compose_services() -> None:
             host = re.sub(r"^\w+://", "", endpoint).split(":")[0]
             assert host in services, f"{files}: {name} sends to {endpoint}, not a compose service"
     config = _collector("otelcol.yaml")
-    assert config["exporters"]["otlp/otel-gpu"]["endpoint"] == "otel-gpu-processor:14317"
-    assert config["service"]["pipelines"]["logs/backends"]["exporters"] == ["otlphttp/loki"]
+    assert config["exporters"]["otlp_grpc/otel-gpu"]["endpoint"] == "otel-gpu-processor:14317"
+    assert config["service"]["pipelines"]["logs/backends"]["exporters"] == ["otlp_http/loki"]
 
 
 # What `otel-gpu run` does to build its resource and the job's environment, in a fresh process
@@ -298,11 +298,38 @@ def test_the_gateway_keeps_each_job_on_one_processor_replica() -> None:
     resource = json.loads(res.stdout)
     assert {k: bool(resource.get(k)) for k in keys} == {k: True for k in keys}, resource
     assert balancer["resolver"]["dns"]["port"] == 14317
+    # A replica scaled away: its data is routed again, not dropped (the exporter's own retry
+    # and queue, beside the per-backend ones).
+    assert balancer["retry_on_failure"]["enabled"] is True
+    assert balancer["sending_queue"]["enabled"] is True
     pipelines = gateway["service"]["pipelines"]
     assert pipelines["metrics/ingest"]["exporters"] == ["load_balancing/otel-gpu"]
     assert "otlp/processed" in pipelines["metrics/backends"]["receivers"]
     agent = _collector("otelcol-agent.yaml")
     for pipeline in agent["service"]["pipelines"].values():
-        assert pipeline["exporters"] == ["otlp/gateway"]
+        assert pipeline["exporters"] == ["otlp_grpc/gateway"]
     # Agents' default endpoint is localhost:4317; the node collector takes it there only.
     assert agent["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"] == "127.0.0.1:4317"
+
+
+# Component names current in the pinned contrib release (collector 0.144 renamed the OTLP
+# exporters; contrib renamed resourcedetection): the old names are deprecated aliases that log
+# a warning at every start.
+DEPRECATED_COMPONENTS = {"otlp": "otlp_grpc", "otlphttp": "otlp_http"}
+DEPRECATED_PROCESSORS = {"resourcedetection": "resource_detection"}
+
+
+@pytest.mark.unit
+def test_collector_configs_use_current_component_names() -> None:
+    checked = 0
+    for path in sorted(COLLECTOR_DIR.glob("otelcol*.yaml")):
+        config = _collector(path.name)
+        for name in config.get("exporters", {}):
+            assert name.split("/")[0] not in DEPRECATED_COMPONENTS, (path.name, name)
+            checked += 1
+        for name in config.get("processors", {}):
+            assert name.split("/")[0] not in DEPRECATED_PROCESSORS, (path.name, name)
+    assert checked >= 5
+    compose = (ROOT / "docker-compose.yml").read_text()
+    assert "otel/opentelemetry-collector-contrib:0.154.0" in compose  # the release checked
+    assert "jaegertracing/jaeger:2." in compose and "all-in-one" not in compose  # Jaeger v2
