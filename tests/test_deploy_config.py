@@ -58,6 +58,23 @@ def _dashboard_exprs() -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.unit
+def test_dashboards_show_alerts_the_agents_health_and_what_they_collect() -> None:
+    boards = {p.stem: json.loads(p.read_text()) for p in DASHBOARDS}
+    for name, board in boards.items():  # firing alerts as annotations on every dashboard
+        exprs = [a.get("expr", "") for a in board["annotations"]["list"]]
+        assert any(e.startswith("ALERTS{") for e in exprs), name
+    node = {
+        p["title"]: [t["expr"] for t in p["targets"]] for p in boards["otel-gpu-node"]["panels"]
+    }
+    shown = " ".join(e for exprs in node.values() for e in exprs)
+    for collected in ("encoder|decoder", "otel_gpu_gpu_pcie_throughput", "otel_gpu_agent_snapshot_age",
+                      "otel_gpu_agent_sampler_restarts", "otel_gpu_agent_export_failures"):  # fmt: skip
+        assert collected in shown, collected
+    fleet = {p["title"]: p["targets"][0]["expr"] for p in boards["otel-gpu-fleet"]["panels"]}
+    assert "increase(otel_gpu_alerts_total" in fleet["Alerts raised"]  # not a raw counter
+
+
 def _unit_one_gauges() -> list[str]:
     """Prometheus names the Collector suffixes with `_ratio` (gauges of unit "1") but the
     OpenTelemetry Python exporter leaves bare: every such signal of the contract."""
