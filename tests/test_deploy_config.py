@@ -42,7 +42,7 @@ def test_prometheus_config_and_rules_check_outside_the_container() -> None:
     promtool = binary("promtool", "prometheus")
     res = _run(promtool, "check", "config", str(PROMETHEUS_DIR / "prometheus.yml"))
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "SUCCESS: 5 rules found" in res.stdout
+    assert "SUCCESS: 11 rules found" in res.stdout
 
 
 # -- Grafana dashboards: structure, and names that hold behind the Collector too ---------------
@@ -56,6 +56,23 @@ def _dashboard_exprs() -> list[tuple[str, str]]:
         board = json.loads(path.read_text())
         out += [(path.name, t["expr"]) for p in board["panels"] for t in p["targets"]]
     return out
+
+
+@pytest.mark.unit
+def test_dashboards_show_alerts_the_agents_health_and_what_they_collect() -> None:
+    boards = {p.stem: json.loads(p.read_text()) for p in DASHBOARDS}
+    for name, board in boards.items():  # firing alerts as annotations on every dashboard
+        exprs = [a.get("expr", "") for a in board["annotations"]["list"]]
+        assert any(e.startswith("ALERTS{") for e in exprs), name
+    node = {
+        p["title"]: [t["expr"] for t in p["targets"]] for p in boards["otel-gpu-node"]["panels"]
+    }
+    shown = " ".join(e for exprs in node.values() for e in exprs)
+    for collected in ("encoder|decoder", "otel_gpu_gpu_pcie_throughput", "otel_gpu_agent_snapshot_age",
+                      "otel_gpu_agent_sampler_restarts", "otel_gpu_agent_export_failures"):  # fmt: skip
+        assert collected in shown, collected
+    fleet = {p["title"]: p["targets"][0]["expr"] for p in boards["otel-gpu-fleet"]["panels"]}
+    assert "increase(otel_gpu_alerts_total" in fleet["Alerts raised"]  # not a raw counter
 
 
 def _unit_one_gauges() -> list[str]:
@@ -273,8 +290,8 @@ def test_the_compose_collector_talks_to_the_compose_services() -> None:
             host = re.sub(r"^\w+://", "", endpoint).split(":")[0]
             assert host in services, f"{files}: {name} sends to {endpoint}, not a compose service"
     config = _collector("otelcol.yaml")
-    assert config["exporters"]["otlp/otel-gpu"]["endpoint"] == "otel-gpu-processor:14317"
-    assert config["service"]["pipelines"]["logs/backends"]["exporters"] == ["otlphttp/loki"]
+    assert config["exporters"]["otlp_grpc/otel-gpu"]["endpoint"] == "otel-gpu-processor:14317"
+    assert config["service"]["pipelines"]["logs/backends"]["exporters"] == ["otlp_http/loki"]
 
 
 # What `otel-gpu run` does to build its resource and the job's environment, in a fresh process
@@ -312,11 +329,38 @@ def test_the_gateway_keeps_each_job_on_one_processor_replica() -> None:
     resource = json.loads(res.stdout)
     assert {k: bool(resource.get(k)) for k in keys} == {k: True for k in keys}, resource
     assert balancer["resolver"]["dns"]["port"] == 14317
+    # A replica scaled away: its data is routed again, not dropped (the exporter's own retry
+    # and queue, beside the per-backend ones).
+    assert balancer["retry_on_failure"]["enabled"] is True
+    assert balancer["sending_queue"]["enabled"] is True
     pipelines = gateway["service"]["pipelines"]
     assert pipelines["metrics/ingest"]["exporters"] == ["load_balancing/otel-gpu"]
     assert "otlp/processed" in pipelines["metrics/backends"]["receivers"]
     agent = _collector("otelcol-agent.yaml")
     for pipeline in agent["service"]["pipelines"].values():
-        assert pipeline["exporters"] == ["otlp/gateway"]
+        assert pipeline["exporters"] == ["otlp_grpc/gateway"]
     # Agents' default endpoint is localhost:4317; the node collector takes it there only.
     assert agent["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"] == "127.0.0.1:4317"
+
+
+# Component names current in the pinned contrib release (collector 0.144 renamed the OTLP
+# exporters; contrib renamed resourcedetection): the old names are deprecated aliases that log
+# a warning at every start.
+DEPRECATED_COMPONENTS = {"otlp": "otlp_grpc", "otlphttp": "otlp_http"}
+DEPRECATED_PROCESSORS = {"resourcedetection": "resource_detection"}
+
+
+@pytest.mark.unit
+def test_collector_configs_use_current_component_names() -> None:
+    checked = 0
+    for path in sorted(COLLECTOR_DIR.glob("otelcol*.yaml")):
+        config = _collector(path.name)
+        for name in config.get("exporters", {}):
+            assert name.split("/")[0] not in DEPRECATED_COMPONENTS, (path.name, name)
+            checked += 1
+        for name in config.get("processors", {}):
+            assert name.split("/")[0] not in DEPRECATED_PROCESSORS, (path.name, name)
+    assert checked >= 5
+    compose = (ROOT / "docker-compose.yml").read_text()
+    assert "otel/opentelemetry-collector-contrib:0.154.0" in compose  # the release checked
+    assert "jaegertracing/jaeger:2." in compose and "all-in-one" not in compose  # Jaeger v2

@@ -1,5 +1,6 @@
-"""Never silently blind: stale snapshots are not exported, self-metrics say what went wrong, and
-``/healthz`` turns 503 when sampling is stale or exports keep failing."""
+"""Never silently blind: stale snapshots are not exported, self-metrics say what went wrong,
+``/healthz`` (liveness) turns 503 when sampling is stale or the export thread stalls but never
+for a collector that is down, and ``/exportz`` turns 503 when exports keep failing."""
 
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, PeriodicExpor
 from support.cli import CLI, clean_env
 from support.procfs import blocking_proc_root
 from support.scenarios import ONE_GPU_SCENARIO
+from support.waits import wait_until
 
 from otel_gpu.agent import instruments as metrics
 from otel_gpu.agent import selfmetrics
-from otel_gpu.agent.health import HealthServer, agent_check
+from otel_gpu.agent.health import HealthServer, agent_check, export_check, export_stall_after
 from otel_gpu.agent.selfmetrics import CountingExporter, ExportHealth
 from otel_gpu.sampling.sampler import Sampler, stale_after
 from otel_gpu.sampling.sim import SimulatedSource
@@ -117,7 +119,8 @@ def test_nvml_errors_are_counted_by_name_across_sampler_restarts() -> None:
         (0.5, 0.0, 200, "sampling fresh"),
         (10.0, 0.0, 503, "sampling stale"),
         (0.5, 30.0, 200, "exports failing for 30 s"),  # within the grace
-        (0.5, 90.0, 503, "exports failing for 90 s"),
+        # Past the grace: said in the body, never a 503 (that would restart a healthy agent).
+        (0.5, 90.0, 200, "exports failing for 90 s (1 failed) (see /exportz)"),
     ],
 )
 def test_healthz_verdicts(age: float, failing: float, code: int, words: str) -> None:
@@ -136,6 +139,58 @@ def test_healthz_verdicts(age: float, failing: float, code: int, words: str) -> 
     finally:
         server.close()
     assert status == code and words in body["reason"] and body["ok"] == (code == 200)
+
+
+@pytest.mark.unit
+def test_exportz_says_whether_metrics_are_delivered_and_healthz_only_names_it() -> None:
+    mono = Clock()
+    sampler = Sampler(SimulatedSource("steady"), None, interval_s=1.0, monotonic=mono)
+    sampler.sample_once()
+    clock = Clock()
+    exports = ExportHealth(clock=clock)
+    live = agent_check(sampler, exports, 60.0, export_stall_s=30.0)
+    delivery = export_check(exports, 60.0, export_stall_s=30.0)
+    assert delivery() == (True, "no push exporter")  # prometheus only: nothing pushed
+    exports.pushing()
+    assert delivery() == (True, "no export ended yet")
+    exports.record(True, 10)
+    assert delivery() == (True, "exports ok") and live() == (True, "sampling fresh (0.0 s)")
+    exports.record(False, 10)
+    clock.now += 61.0
+    exports.record(False, 10)
+    assert delivery() == (False, "exports failing for 61 s (2 failed)")
+    ok, reason = live()
+    assert ok and reason.endswith("exports failing for 61 s (2 failed) (see /exportz)")
+    exports.record(True, 10)
+    assert delivery() == (True, "exports ok") and live()[0]
+
+
+@pytest.mark.unit
+def test_an_export_thread_that_ends_no_export_is_not_live() -> None:
+    """Stuck or gone: nothing will ever be exported again, and a restart is what fixes it."""
+    mono = Clock()
+    sampler = Sampler(SimulatedSource("steady"), None, interval_s=1.0, monotonic=mono)
+    sampler.sample_once()
+    clock = Clock()
+    exports = ExportHealth(clock=clock)
+    live = agent_check(sampler, exports, 60.0, export_stall_s=30.0)
+    delivery = export_check(exports, 60.0, export_stall_s=30.0)
+    clock.now += 1000.0
+    assert live()[0]  # no push exporter: nothing to stall
+    exports.pushing()
+    clock.now += 29.0
+    assert live()[0] and delivery()[0]
+    clock.now += 2.0
+    stalled = (False, "exports stalled: none ended for 31 s (the export thread is stuck or gone)")
+    assert live() == stalled and delivery() == stalled
+    exports.record(False, 10)  # a failed export ended: the thread works, the collector does not
+    assert live()[0]
+
+
+@pytest.mark.unit
+def test_the_stall_bound_outlasts_three_slow_exports() -> None:
+    assert export_stall_after(10.0, 3.0) == 39.0  # the defaults
+    assert export_stall_after(0.2, 0.3) == 30.0  # never below 30 s
 
 
 def _get(url: str) -> tuple[int, dict]:
@@ -235,3 +290,62 @@ def test_bad_health_address_is_refused_before_the_job_starts(tmp_path: Path) -> 
         capture_output=True, text=True, timeout=30, env=clean_env(OTEL_GPU_HEALTH="x:y"),
     )  # fmt: skip
     assert env_proc.returncode == 2 and "OTEL_GPU_HEALTH='x:y'" in env_proc.stderr
+
+
+GRACE_S = 1.0  # OTEL_GPU_HEALTH_EXPORT_GRACE below: the 60 s default, scaled down
+PAST_GRACE_S = 4 * GRACE_S  # how long exports keep failing past it while /healthz is watched
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("command", ["run", "sidecar"])
+def test_a_real_agent_with_a_dead_collector_stays_live_and_ready(command: str) -> None:
+    """Exports fail from the start (nothing listens on the endpoint) for several times the
+    grace: /exportz says so with a 503, while /healthz (the liveness probe) stays 200 naming
+    it, and the sidecar's /readyz (the inference server's readiness) stays 200."""
+    port, dead = _closed_port(), _closed_port()
+    common = [
+        "--health", f"127.0.0.1:{port}", "--simulate", "steady", "--interval", "0.25",
+        "--exporter", "otlp", "--endpoint", f"http://127.0.0.1:{dead}", "--export-interval", "0.2",
+    ]  # fmt: skip
+    server = None
+    if command == "run":
+        argv = [*CLI, "run", *common, "--", sys.executable, "-c", "import time; time.sleep(60)"]
+    else:  # the sidecar watches a server process of its own, found by --match
+        server = subprocess.Popen(["sleep", "60"])
+        argv = [*CLI, "sidecar", *common, "--match", "sleep"]
+    env = clean_env(
+        OTEL_GPU_HEALTH_EXPORT_GRACE=str(GRACE_S),
+        OTEL_EXPORTER_OTLP_TIMEOUT="0.3",
+        OTEL_GPU_DETECT="false",
+    )
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until("/exportz 503", lambda: _get(base + "/exportz")[0] == 503, timeout_s=60)
+        code, body = _get(base + "/exportz")
+        assert "exports failing for" in body["reason"], body
+        seen: list[tuple[int, str]] = []
+        deadline = time.monotonic() + PAST_GRACE_S
+        while time.monotonic() < deadline:
+            seen.append((lambda r: (r[0], r[1]["reason"]))(_get(base + "/healthz")))
+            if server is not None:
+                assert _get(base + "/readyz") == (
+                    200,
+                    {"ok": True, "reason": "ready: no serving-fatal condition"},
+                )
+            time.sleep(0.2)
+        assert all(c == 200 for c, _r in seen), seen
+        last = seen[-1][1]
+        assert "sampling fresh" in last and "exports failing for" in last, last
+        failing_for = float(last.split("exports failing for ")[1].split(" s")[0])
+        assert failing_for >= GRACE_S + PAST_GRACE_S - 1, last  # well past the grace
+        assert proc.poll() is None  # nothing restarted or ended it
+    finally:
+        proc.kill()
+        out, _ = proc.communicate()
+        if server is not None:
+            server.kill()
+            server.wait()
+        print(out)

@@ -18,7 +18,10 @@ from otel_gpu.cli import build_parser
 pytestmark = pytest.mark.peers
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
-OVERLAYS = ["overlays/cluster", "overlays/vllm"]
+OVERLAYS = ["overlays/cluster", "overlays/vllm", "overlays/operator"]
+# Prometheus Operator kinds: no schema in kubernetes-validate; checked structurally below.
+OPERATOR_API = "monitoring.coreos.com/v1"
+RULES = DEPLOY.parent / "prometheus" / "otel-gpu-rules.yml"
 # The oldest Kubernetes the manifests promise to work on, and the newest the validator knows.
 VERSIONS = ["1.29.0", kubernetes_validate.latest_version()]
 
@@ -58,6 +61,8 @@ def test_every_object_validates_strictly(overlay: str, version: str) -> None:
     objects = _render(overlay)
     assert objects
     for obj in objects:
+        if obj["apiVersion"] == OPERATOR_API:
+            continue
         kubernetes_validate.validate(obj, version, strict=True)  # raises on any error
 
 
@@ -104,7 +109,7 @@ def test_the_daemonset_mounts_what_it_reads_and_exports_to_the_processor() -> No
     objects = _render("overlays/cluster")
     ds = _one(objects, "DaemonSet", "otel-gpu-node")
     pod = ds["spec"]["template"]["spec"]
-    assert pod["hostPID"] is True and pod["runtimeClassName"] == "nvidia"
+    assert pod["hostPID"] is True
     agent = _container(ds, "otel-gpu")
     mounts = {m["name"]: m for m in agent["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -149,3 +154,127 @@ def test_the_processor_keeps_its_state_on_the_claim() -> None:
     service = _one(objects, "Service", "otel-gpu-processor")
     assert service["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
     assert {p["targetPort"] for p in service["spec"]["ports"]} <= set(names)
+
+
+# What each otel-gpu command's probes may use (otel_gpu/agent/health.py,
+# otel_gpu/processor/health.py): liveness on the agent's own work or the processor's serving,
+# never on a telemetry backend (the agents' /exportz, the processor's stall in /healthz).
+AGENT_PROBES = {"livenessProbe": "/healthz", "readinessProbe": "/healthz"}
+PROCESSOR_PROBES = {"livenessProbe": "/livez", "readinessProbe": "/readyz"}
+
+
+def _probe_port(container: dict[str, Any], probe: dict[str, Any]) -> int:
+    port = probe["httpGet"]["port"]
+    if isinstance(port, int):
+        return port
+    return next(p["containerPort"] for p in container["ports"] if p["name"] == port)
+
+
+def test_no_probe_restarts_or_unreadies_for_a_telemetry_backend() -> None:
+    checked = []
+    for overlay in OVERLAYS:
+        for obj in _render(overlay):
+            if obj["kind"] not in ("Deployment", "DaemonSet"):
+                continue
+            containers = obj["spec"]["template"]["spec"]["containers"]
+            for c in containers:
+                for kind in ("livenessProbe", "readinessProbe", "startupProbe"):
+                    if kind in c:  # on any container, the inference server's too
+                        assert c[kind]["httpGet"]["path"] != "/exportz", (obj["kind"], c["name"])
+                if not c["image"].split(":")[0].endswith("otel-gpu"):
+                    continue
+                command = c["args"][0]
+                wanted = PROCESSOR_PROBES if command == "processor" else AGENT_PROBES
+                health = _port(_flag(c["args"], "--health"))
+                assert "livenessProbe" in c, (obj["kind"], c["name"])
+                for kind, path in wanted.items():
+                    if kind in c:
+                        assert c[kind]["httpGet"]["path"] == path, (obj["kind"], c["name"], kind)
+                        assert _probe_port(c, c[kind]) == health, (obj["kind"], c["name"], kind)
+                checked.append(f"{overlay}:{obj['kind']}/{c['name']}")
+    assert {"overlays/cluster:DaemonSet/otel-gpu", "overlays/cluster:Deployment/processor",
+            "overlays/vllm:Deployment/otel-gpu"} <= set(checked), checked  # fmt: skip
+
+
+def _labels_select(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_the_default_overlay_delivers_metrics_to_prometheus_and_the_processor() -> None:
+    """As shipped, something scrapes or receives every series: each node agent serves
+    /metrics behind a headless Service and sends OTLP to the processor, and the processor
+    serves its detector metrics behind its Service."""
+    objects = _render("overlays/cluster")
+    ds = _one(objects, "DaemonSet", "otel-gpu-node")
+    agent = _container(ds, "otel-gpu")
+    assert set(_flag(agent["args"], "--exporter").split(",")) == {"otlp", "prometheus"}
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["OTEL_EXPORTER_PROMETHEUS_HOST"] == "0.0.0.0"
+    ports = {p["name"]: p["containerPort"] for p in agent["ports"]}
+    assert ports["metrics"] == int(env["OTEL_EXPORTER_PROMETHEUS_PORT"])
+    node = _one(objects, "Service", "otel-gpu-node")
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert node["spec"]["clusterIP"] == "None"  # one target per node
+    assert _labels_select(node["spec"]["selector"], pod_labels)
+    assert {(p["name"], p["targetPort"]) for p in node["spec"]["ports"]} == {("metrics", "metrics")}
+    assert node["metadata"]["annotations"]["prometheus.io/port"] == str(ports["metrics"])
+
+    deploy = _one(objects, "Deployment", "otel-gpu-processor")
+    processor = _container(deploy, "processor")
+    names = {p["name"]: p["containerPort"] for p in processor["ports"]}
+    assert _port(_flag(processor["args"], "--prometheus")) == names["metrics"]
+    service = _one(objects, "Service", "otel-gpu-processor")
+    assert "metrics" in {p["targetPort"] for p in service["spec"]["ports"]}
+    assert service["metadata"]["annotations"]["prometheus.io/port"] == str(names["metrics"])
+
+
+def test_the_node_agent_schedules_on_any_cluster_and_is_evicted_last() -> None:
+    objects = _render("overlays/cluster")
+    pod = _one(objects, "DaemonSet", "otel-gpu-node")["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    # Neither needs the gpu-operator or GPU feature discovery by default...
+    assert "runtimeClassName" not in pod and "nodeSelector" not in pod
+    # ...and overlays/operator, for clusters that have them, adds both.
+    operator = _render("overlays/operator")
+    pod = _one(operator, "DaemonSet", "otel-gpu-node")["spec"]["template"]["spec"]
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+
+
+def test_images_are_pinned_to_this_release_and_namespaces_allow_what_pods_need() -> None:
+    from otel_gpu import __version__
+
+    for overlay in OVERLAYS:
+        objects = _render(overlay)
+        for obj in objects:
+            if obj["kind"] not in ("Deployment", "DaemonSet"):
+                continue
+            for c in obj["spec"]["template"]["spec"]["containers"]:
+                if c["image"].split(":")[0].endswith("otel-gpu"):
+                    assert c["image"].rsplit(":", 1)[1] == __version__, (overlay, c["image"])
+        namespaces = [o for o in objects if o["kind"] == "Namespace"]
+        for ns in namespaces:  # hostPID (node agent) and SYS_PTRACE (both) need "privileged"
+            labels = ns["metadata"]["labels"]
+            assert labels["pod-security.kubernetes.io/enforce"] == "privileged", overlay
+        assert namespaces or overlay == "overlays/operator"  # (it adds to overlays/cluster's)
+
+
+def test_the_operator_overlay_monitors_both_services_and_ships_the_rules() -> None:
+    objects = _render("overlays/operator")
+    for monitor in [o for o in objects if o["kind"] == "ServiceMonitor"]:
+        assert monitor["apiVersion"] == OPERATOR_API
+        selected = [
+            s for s in objects if s["kind"] == "Service"
+            and _labels_select(monitor["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])
+        ]  # fmt: skip
+        assert len(selected) == 1, monitor["metadata"]["name"]
+        (service,) = selected
+        assert service["metadata"]["namespace"] == monitor["metadata"]["namespace"]
+        port_names = {p["name"] for p in service["spec"]["ports"]}
+        for endpoint in monitor["spec"]["endpoints"]:
+            assert endpoint["port"] in port_names and endpoint["path"] == "/metrics"
+    monitored = {o["metadata"]["name"] for o in objects if o["kind"] == "ServiceMonitor"}
+    assert monitored == {"otel-gpu-node", "otel-gpu-processor"}
+    (rule,) = [o for o in objects if o["kind"] == "PrometheusRule"]
+    assert rule["apiVersion"] == OPERATOR_API
+    assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]

@@ -197,6 +197,45 @@ def test_gpu_lost_mid_run_while_the_other_keeps_reporting(fake_nvml: FakeNvml, c
 
 
 @pytest.mark.unit
+def test_identity_is_read_once_per_gpu_and_a_missing_one_is_unknown(fake_nvml: FakeNvml, caplog):
+    """hw.serial_number, hw.firmware_version (VBIOS), hw.driver_version and the temperature
+    thresholds (hw.temperature.limit): read when a GPU is first seen, never again; a board
+    without a serial (NOT_SUPPORTED) has none, silently; a MIG device has its GPU's."""
+    fake_nvml.write(
+        """
+        devices = 2
+        driver_version = 535.161.08
+        gpu.0.serial = 1654321098765
+        gpu.0.vbios = 92.00.45.00.06
+        gpu.0.temperature.slowdown = 85
+        gpu.0.temperature.shutdown = 90
+        gpu.0.mig = 1
+        mig.0.0.name = NVIDIA H100 80GB HBM3 MIG 3g.40gb
+        fail.nvmlDeviceGetSerial.1 = NOT_SUPPORTED
+        """
+    )
+    caplog.set_level(logging.INFO, logger="otel_gpu.nvml")
+    src = fake_nvml.source()
+    for _ in range(4):
+        reading = src.sample([])
+    gpu0, gpu1 = (g for g in reading.gpus if g.parent is None)
+    (mig,) = [g for g in reading.gpus if g.parent is not None]
+    assert (gpu0.serial, gpu0.firmware_version, gpu0.driver_version) == (
+        "1654321098765",
+        "92.00.45.00.06",
+        "535.161.08",
+    )
+    assert (gpu0.temperature_slowdown_c, gpu0.temperature_shutdown_c) == (85.0, 90.0)
+    assert (gpu1.serial, gpu1.firmware_version) == (None, "96.00.99.00.01")
+    assert (gpu1.temperature_slowdown_c, gpu1.temperature_shutdown_c) == (89.0, 92.0)
+    assert (mig.serial, mig.firmware_version) == (gpu0.serial, gpu0.firmware_version)
+    for symbol in ("nvmlDeviceGetSerial", "nvmlDeviceGetVbiosVersion"):
+        assert fake_nvml.call_count(symbol, gpu=0) == 1 and fake_nvml.call_count(symbol, gpu=1) == 1
+    assert fake_nvml.call_count("nvmlDeviceGetTemperatureThreshold", gpu=0) == 2
+    assert not [r for r in caplog.records if "serial" in r.getMessage()]
+
+
+@pytest.mark.unit
 def test_not_supported_metric_is_never_asked_again(fake_nvml: FakeNvml, caplog):
     fake_nvml.append("fail.nvmlDeviceGetPowerUsage.0 = NOT_SUPPORTED")
     caplog.set_level(logging.INFO, logger="otel_gpu.nvml")

@@ -371,6 +371,10 @@ def test_health_endpoint_fails_when_ingestion_stalls(down):
         code, text = _get(url)
         assert code == 503 and text.startswith("stalled:")
         assert call(proc.address, HEALTH_CHECK, b"")[0] == b"\x08\x02"  # NOT_SERVING
+        # The probes' paths: a stall the agents cause neither restarts nor unreadies it.
+        code, text = _get(f"http://{proc.health_address}/livez")
+        assert code == 200 and text.startswith("live; health: stalled:")
+        assert _get(f"http://{proc.health_address}/readyz") == (200, "ready\n")
         call(proc.address, METRICS_EXPORT, raw)
         assert _get(url)[0] == 200
         code, body = _get(f"http://{proc.health_address}/stats")

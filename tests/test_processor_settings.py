@@ -182,7 +182,7 @@ def test_flag_beats_variable_beats_default(
 def test_help_shows_each_variable_and_default() -> None:
     text = " ".join(_subparser().format_help().split())
     for line in (
-        "--health HOST:PORT serve HTTP `/healthz` and `/stats` here (env "
+        "--health HOST:PORT serve HTTP `/healthz`, `/livez`, `/readyz` and `/stats` here (env "
         "OTEL_GPU_PROCESSOR_HEALTH, default off)",
         "--prometheus HOST:PORT serve the detector metrics and the processor's own metrics as "
         "Prometheus `/metrics` here (see Deploy) (env OTEL_GPU_PROCESSOR_PROMETHEUS, default off)",

@@ -103,6 +103,8 @@ def test_a_locked_state_file_degrades_health_never_blocks_and_is_written_later(t
         proc._store.flush()
         ok, why = proc.health()
         assert not ok and "state store" in why and "locked" in why
+        assert proc.readiness() == (False, why)  # not ready: it cannot keep what it takes...
+        assert proc.liveness() == (True, f"live; health: {why}")  # ...but a restart won't help
         assert proc.stats()["store"]["errors"] >= 1
         opened = [t for t in rec.transitions if t.to_state == OPEN]
         assert opened  # notified although the store could not write

@@ -99,15 +99,16 @@ def test_process_command_of_a_real_child_in_each_mode(
     finally:
         agent.shutdown(2.0)
     assert attrs["process.executable.name"].startswith("python")  # type: ignore[union-attr]
+    assert attrs["process.command"] == sys.executable  # argv[0], the command name, in every mode
     if expected is None:
-        assert "process.command" not in attrs
+        assert "process.command_line" not in attrs
     else:
-        assert attrs["process.command"] == expected.format(exe=sys.executable, script=script)
+        assert attrs["process.command_line"] == expected.format(exe=sys.executable, script=script)
     assert not any(s in str(attrs) for s in SECRETS)
 
 
 # Shapes that leaked in full through this path (issue 18, item 17): argv after the script,
-# what process.command shows, and the secrets it held.
+# what process.command_line shows, and the secrets it held.
 WANDB = "5d8a1f0c93b2e7a64f10c8d2b9e3a7f1c6d4e2b0"
 HONEYCOMB = "aF3kq9ZpLm2Xw7RtYb4Ncd"
 PEM_BODY = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC\nBKcwggSjAgEAAoIB/AQC7p9+x\n"
@@ -141,7 +142,7 @@ def test_issue_shapes_through_real_childs_command_lines(script: Path) -> None:
             if snap is not None and set(roots) <= {p.pid for p in snap.processes}:
                 break
             time.sleep(0.05)
-        commands = [_command_of(reader, pid)["process.command"] for pid in roots]
+        commands = [_command_of(reader, pid)["process.command_line"] for pid in roots]
     finally:
         agent.shutdown(2.0)
         for c in children:
@@ -208,7 +209,7 @@ print(json.dumps([dict(raw.attributes), dict(shown.attributes)]))
         ("redacted", "{exe} {script} " + REDACTED_ARGS,
          ["{exe}", "{script}", *REDACTED_ARGS.split()], "{exe}"),
         ("executable", "{exe} {script}", None, "{exe}"),
-        ("off", None, None, None),
+        ("off", None, None, "{exe}"),  # the command name stays, the line and arguments go
     ],
 )  # fmt: skip
 def test_process_detector_resource_in_each_mode(
@@ -271,9 +272,9 @@ def test_instrumented_job_exports_no_credential(tmp_path: Path) -> None:
             env=env, capture_output=True, text=True, cwd=tmp_path, timeout=120,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-2000:]
-        points = [p for p in sink.points() if "process.command" in p.attributes]
+        points = [p for p in sink.points() if "process.command_line" in p.attributes]
         logs = sink.logs()
-    commands = {p.attributes["process.command"] for p in points}
+    commands = {p.attributes["process.command_line"] for p in points}
     assert f"{sys.executable} {job} {REDACTED_ARGS}" in commands
     assert points[0].resource["process.command_line"] == "python train.py --token ***"
     assert ("logged in with HF_TOKEN=***", {"cmd": "curl -u bob:*** x"}) in [

@@ -16,7 +16,7 @@ from otel_gpu.sampling.procs import ProcessTree
 pytestmark = pytest.mark.unit
 
 CASES = [
-    # (case, raw /proc/PID/cmdline, exported process.command)
+    # (case, raw /proc/PID/cmdline, exported process.command_line)
     ("not UTF-8", b"python3\0\xff\xfe.py\0", "python3 \ufffd\ufffd.py"),
     ("a secret after invalid bytes", b"train\xff\0--hf_token\0hf_Secret\0", "train\ufffd --hf_token ***"),
     ("4 MiB of one argument", b"python3\0" + b"A" * (4 << 20) + b"\0", "python3 " + "A" * 248),

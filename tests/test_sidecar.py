@@ -141,7 +141,7 @@ def test_sidecar_in_a_pid_namespace(pod: tuple[Pod, OtlpSink, FakeNvml]) -> None
     assert attrs["process.executable.name"].startswith("python")
     assert attrs["process.pid"] != server.pid  # the sidecar's namespace PID, not the host's
     # The sidecar's default: the program and its module, none of the arguments.
-    assert attrs["process.command"] == f"{sys.executable} -m http.server"
+    assert attrs["process.command_line"] == f"{sys.executable} -m http.server"
     resource = found[-1].resource  # type: ignore[index]
     assert (resource["k8s.pod.name"], resource["k8s.namespace.name"]) == ("vllm-0", "serving")
     waiting = wait_until(

@@ -22,6 +22,7 @@ from otel_gpu.agent.labels import SeriesLabels
 from otel_gpu.agent.node_lock import acquire_node_lock
 from otel_gpu.agent.selfmetrics import ExportHealth
 from otel_gpu.agent.settings import Settings
+from otel_gpu.core.signals import SCHEMA_URL
 from otel_gpu.sampling.isolated import SamplerProcess, SamplerSpec
 from otel_gpu.sampling.sampler import Sampler
 from otel_gpu.sampling.source import DeviceSource
@@ -127,7 +128,7 @@ class Agent:
         self.export_health = export_health if export_health is not None else ExportHealth()
         self.instruments: list[Any] = []
         if meter_provider is not None:
-            meter = meter_provider.get_meter("otel_gpu", _version())
+            meter = meter_provider.get_meter("otel_gpu", _version(), schema_url=SCHEMA_URL)
             self.instruments = metrics.register(meter, self.sampler.fresh, labels=series_labels)
             self.instruments += selfmetrics.register(meter, self.sampler, self.export_health)
         if progress is not None:
@@ -158,7 +159,9 @@ class Agent:
         if self.watchdog is not None:
             self.sampler.add_listener(self.watchdog.on_snapshot)
             if meter_provider is not None:
-                self.watchdog.register_instruments(meter_provider.get_meter("otel_gpu", _version()))
+                self.watchdog.register_instruments(
+                    meter_provider.get_meter("otel_gpu", _version(), schema_url=SCHEMA_URL)
+                )
 
     def start(self) -> Agent:
         self.sampler.start()

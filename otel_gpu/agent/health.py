@@ -1,13 +1,20 @@
 """The agent's health endpoint (``--health HOST:PORT`` on ``run``, ``watch`` and ``sidecar``).
 
-``GET /healthz`` answers 200 while sampling is fresh and exports succeed, 503 when the last
-snapshot is stale (a sweep that cannot finish, a sampler that keeps crashing) or when exports
-have failed for longer than ``OTEL_GPU_HEALTH_EXPORT_GRACE`` seconds. The body is one line of
-JSON with the reason. The check reads counters only (never NVML or /proc), and the server is
-bounded: at most :data:`MAX_WORKERS` requests are served at once (plus one worker reserved for
-the probe paths), each connection gets :data:`CONNECTION_TIMEOUT_S` to send its whole request
-(read without holding a worker), and requests beyond that are closed at once, so idle, trickling
-or hostile clients cannot grow threads or hold a probe off (:mod:`otel_gpu.core.http`).
+``GET /healthz`` is the liveness of the agent's own work: 200 while sampling is fresh and the
+export thread still ends its exports, 503 when the last snapshot is stale (a sweep that cannot
+finish, a sampler that keeps crashing) or when no export has ended for :func:`export_stall_after`
+seconds (an export thread that is stuck or gone). A telemetry backend that is down never makes
+it 503: a collector outage must not restart every node agent of a cluster and lose their state.
+How exports fare is said in its body, in the ``otel_gpu.agent.export.*`` self-metrics and on
+``GET /exportz``, which answers 503 once exports have failed for longer than
+``OTEL_GPU_HEALTH_EXPORT_GRACE`` seconds; no shipped probe uses ``/exportz``.
+
+Each body is one line of JSON with the reason. The checks read counters only (never NVML or
+/proc), and the server is bounded: at most :data:`MAX_WORKERS` requests are served at once (plus
+one worker reserved for the probe paths), each connection gets :data:`CONNECTION_TIMEOUT_S` to
+send its whole request (read without holding a worker), and requests beyond that are closed at
+once, so idle, trickling or hostile clients cannot grow threads or hold a probe off
+(:mod:`otel_gpu.core.http`).
 """
 
 from __future__ import annotations
@@ -24,12 +31,47 @@ if TYPE_CHECKING:
 
 MAX_WORKERS = 4
 CONNECTION_TIMEOUT_S = 1.0  # to send the whole request: a probe needs far less
+MIN_EXPORT_STALL_S = 30.0
 
 Check = Callable[[], tuple[bool, str]]
 
 
-def agent_check(sampling: SamplingState, exports: ExportHealth, export_grace_s: float) -> Check:
-    """The ``/healthz`` verdict of an agent: (healthy, one-line reason)."""
+def export_stall_after(export_interval_s: float, export_timeout_s: float) -> float:
+    """Seconds without an export ending after which the export thread is stuck or gone: each
+    export ends within its timeout (retries included) one interval after the last, so three
+    such rounds missed are not a slow collector."""
+    return max(MIN_EXPORT_STALL_S, 3.0 * (export_interval_s + export_timeout_s))
+
+
+def _stalled(exports: ExportHealth, stall_s: float | None) -> str | None:
+    idle = exports.idle_for()
+    if stall_s is None or idle is None or idle <= stall_s:
+        return None
+    return f"exports stalled: none ended for {idle:.0f} s (the export thread is stuck or gone)"
+
+
+def export_state(exports: ExportHealth, export_grace_s: float) -> tuple[bool, str]:
+    """(delivering, one phrase): failing for longer than ``export_grace_s`` is not."""
+    if exports.idle_for() is None:
+        return True, "no push exporter"
+    failing = exports.failing_for()
+    if failing > 0:
+        words = f"exports failing for {failing:.0f} s ({exports.failures} failed)"
+        return failing <= export_grace_s, words
+    if exports.exports == 0:
+        return True, "no export ended yet"
+    return True, "exports ok"
+
+
+def agent_check(
+    sampling: SamplingState,
+    exports: ExportHealth,
+    export_grace_s: float,
+    export_stall_s: float | None = None,
+) -> Check:
+    """The ``/healthz`` verdict of an agent (liveness): (healthy, one-line reason). Failing
+    exports are named in the reason, never a 503; ``export_stall_s``: no export ending for this
+    long is (None: not checked)."""
 
     def check() -> tuple[bool, str]:
         age = sampling.age()
@@ -42,16 +84,33 @@ def agent_check(sampling: SamplingState, exports: ExportHealth, export_grace_s: 
             # A restarting sampler publishes its GPUs as unreadable: say why, still 503.
             why = f": {snap.no_gpu_reason}" if snap.no_gpu_reason else ""
             return False, f"sampling stale: last sample {age:.0f} s ago{why}"
+        stalled = _stalled(exports, export_stall_s)
+        if stalled:
+            return False, stalled
         if snap.no_gpu_reason and not snap.gpus:
             reason = f"sampling fresh ({age:.1f} s), no GPU data: {snap.no_gpu_reason}"
         else:
             reason = f"sampling fresh ({age:.1f} s)"
-        failing = exports.failing_for()
-        if failing > export_grace_s:
-            return False, f"exports failing for {failing:.0f} s ({exports.failures} failed)"
-        if failing > 0:
-            return True, f"{reason}; exports failing for {failing:.0f} s"
+        delivering, words = export_state(exports, export_grace_s)
+        if exports.failing_for() > 0:
+            see = "" if delivering else " (see /exportz)"
+            return True, f"{reason}; {words}{see}"
         return True, reason
+
+    return check
+
+
+def export_check(
+    exports: ExportHealth, export_grace_s: float, export_stall_s: float | None = None
+) -> Check:
+    """The ``/exportz`` verdict: do the metrics reach the backend? 503 once exports have failed
+    for longer than ``export_grace_s``, or none ended for ``export_stall_s``."""
+
+    def check() -> tuple[bool, str]:
+        stalled = _stalled(exports, export_stall_s)
+        if stalled:
+            return False, stalled
+        return export_state(exports, export_grace_s)
 
     return check
 
@@ -97,21 +156,33 @@ class HealthServer(RouteServer):
 
 class AgentEndpoints:
     """The self-observability around an agent a session builds: the export outcome counter
-    (passed to the meter provider and the agent) and the optional ``/healthz`` server, bound
-    before the job starts so a bad ``--health`` address is refused before anything runs."""
+    (passed to the meter provider and the agent) and the optional ``/healthz`` and ``/exportz``
+    server, bound before the job starts so a bad ``--health`` address is refused before
+    anything runs."""
 
     def __init__(self, settings: Settings, extra_routes: Mapping[str, Check] | None = None) -> None:
         """``extra_routes``: more path → check pairs (the sidecar's ``/readyz``)."""
         self.settings = settings
         self.export_health = ExportHealth()
         self._check = LateCheck()
-        routes: dict[str, Check] = {"/healthz": self._check, **(extra_routes or {})}
+        self.export_stall_s = export_stall_after(
+            settings.export_interval_s, settings.export_timeout_s
+        )
+        grace = settings.health_export_grace_s
+        routes: dict[str, Check] = {
+            "/healthz": self._check,
+            "/exportz": export_check(self.export_health, grace, self.export_stall_s),
+            **(extra_routes or {}),
+        }
         self.server = HealthServer(settings.health, routes) if settings.health else None
 
     def attach(self, agent: Agent) -> None:
         """``/healthz`` reports on ``agent`` from now on."""
         self._check.check = agent_check(
-            agent.sampler, self.export_health, self.settings.health_export_grace_s
+            agent.sampler,
+            self.export_health,
+            self.settings.health_export_grace_s,
+            self.export_stall_s,
         )
 
     def agent_failed(self, reason: str) -> None:

@@ -16,6 +16,7 @@ import functools
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
@@ -82,25 +83,48 @@ def gpu_attrs(g: GpuSample, extra: Extra = ()) -> Attrs:
     """A GPU's point attributes plus ``extra`` and the collection's labels of the GPU
     (otel_gpu/agent/labels.py). Shared, cached dicts: callers must not mutate."""
     labels = collecting.get().gpu.get(g.uuid, ())
-    return _gpu_attrs(g.uuid, g.index, g.name, g.parent, extra, labels)
+    identity = (g.serial, g.firmware_version, g.driver_version)
+    return _gpu_attrs(g.uuid, g.index, g.name, g.parent, identity, extra, labels)
+
+
+def short_name(index: int, model: str | None, parent: str | None) -> str:
+    """``hw.name``: ``GPU<index>`` as nvidia-smi numbers it; a MIG device adds its profile,
+    ``GPU0 MIG 3g.40gb`` (from NVML's name, ``... MIG 3g.40gb``)."""
+    if parent is None:
+        return f"GPU{index}"
+    profile = model.rsplit(" MIG ", 1)[1] if model and " MIG " in model else ""
+    return f"GPU{index} MIG {profile}".rstrip()
 
 
 # Attribute dicts are built once per series, not once per point per collection: building them
 # was a quarter of the agent's collection cost (benchmarks/bench_sample_cycle.py).
 @functools.lru_cache(maxsize=4096)
 def _gpu_attrs(
-    uuid: str, index: int, name: str | None, parent: str | None, extra: Extra, labels: Extra
+    uuid: str,
+    index: int,
+    model: str | None,
+    parent: str | None,
+    identity: tuple[str | None, str | None, str | None],
+    extra: Extra,
+    labels: Extra,
 ) -> Attrs:
     attrs: Attrs = {
         sig.HW_ID: uuid,
         sig.HW_TYPE: "gpu",
         sig.HW_VENDOR: "NVIDIA",
+        sig.HW_NAME: short_name(index, model, parent),
         sig.GPU_INDEX: index,
     }
-    if name:
-        attrs[sig.HW_NAME] = name
-    if parent:
-        attrs[sig.HW_PARENT] = parent
+    serial, firmware, driver = identity
+    for key, value in (
+        (sig.HW_MODEL, model),
+        (sig.HW_PARENT, parent),
+        (sig.HW_SERIAL_NUMBER, serial),
+        (sig.HW_FIRMWARE_VERSION, firmware),
+        (sig.HW_DRIVER_VERSION, driver),
+    ):
+        if value:
+            attrs[key] = value
     attrs.update(labels)
     attrs.update(extra)
     return attrs
@@ -156,8 +180,18 @@ def process_attrs(p: ProcessSample, hw_id: str | None = None) -> Attrs:
     process, otel_gpu/agent/labels.py). Shared, cached dicts: do not mutate."""
     labels = collecting.get().process.get((p.pid, p.start_ticks), ())
     return _process_attrs(
-        p.pid, p.vpid, p.parent_pid, p.executable_name, p.command, p.owner, hw_id, labels
-    )
+        p.pid, p.vpid, p.parent_pid, p.executable_name, p.command_name, p.command, p.owner,
+        p.create_time, hw_id, labels,
+    )  # fmt: skip
+
+
+def creation_time(created: float | None) -> str | None:
+    """``process.creation.time``: ISO 8601 in UTC with milliseconds, e.g.
+    ``2023-11-21T09:25:34.850Z`` (the kernel counts a start in clock ticks, 10 ms)."""
+    if created is None:
+        return None
+    stamp = datetime.fromtimestamp(created, timezone.utc).isoformat(timespec="milliseconds")
+    return stamp.replace("+00:00", "Z")
 
 
 @functools.lru_cache(maxsize=16384)
@@ -167,7 +201,9 @@ def _process_attrs(
     parent_pid: int | None,
     exe: str | None,
     command: str | None,
+    command_line: str | None,
     owner: str | None,
+    created: float | None,
     hw_id: str | None,
     labels: Extra,
 ) -> Attrs:
@@ -177,7 +213,9 @@ def _process_attrs(
         (sig.PROCESS_PARENT_PID, parent_pid),
         (sig.PROCESS_EXECUTABLE, exe),
         (sig.PROCESS_COMMAND, command),
+        (sig.PROCESS_COMMAND_LINE, command_line),
         (sig.PROCESS_OWNER, owner),
+        (sig.PROCESS_CREATION_TIME, creation_time(created)),
         (sig.HW_ID, hw_id),
     ):
         if value is not None:
@@ -190,7 +228,7 @@ class _ProcessView:
     """A snapshot's processes paired with their attribute dicts, built once per snapshot and
     shared by the seven process instruments (one cache lookup per process, not seven)."""
 
-    __slots__ = ("snap", "labels", "procs", "gpu_procs")
+    __slots__ = ("snap", "labels", "procs", "gpu_procs", "_cpu")
 
     def __init__(self, snap: Snapshot, labels: SeriesLabels) -> None:
         self.snap = snap
@@ -203,6 +241,21 @@ class _ProcessView:
             proc = by_pid.get(snap.host_to_local.get(gp.pid, gp.pid)) or ProcessSample(pid=gp.pid)
             gpu_procs.append((gp, process_attrs(proc, gp.gpu_uuid)))
         self.gpu_procs = gpu_procs
+        self._cpu: list[Observation] | None = None
+
+    def cpu(self) -> list[Observation]:
+        """``process.cpu.utilization`` by ``cpu.mode`` (user, system), built once per snapshot."""
+        if self._cpu is None:
+            out = []
+            for p, attrs in self.procs:
+                total = p.cpu_utilization
+                if total is None:
+                    continue
+                system = p.cpu_system or 0.0
+                out.append(Observation(total - system, {**attrs, sig.CPU_MODE: "user"}))
+                out.append(Observation(system, {**attrs, sig.CPU_MODE: "system"}))
+            self._cpu = out
+        return self._cpu
 
 
 _view: _ProcessView | None = None
@@ -253,7 +306,15 @@ INSTRUMENTS: tuple[Instrument, ...] = (
     _gpu_series(sig.GPU_POWER, ("power_w", {})),
     _gpu_series(sig.GPU_POWER_LIMIT, ("power_limit_w", {})),
     _gpu_series(sig.GPU_ENERGY, ("energy_j", {})),
-    _gpu_series(sig.GPU_TEMPERATURE, ("temperature_c", {})),
+    _gpu_series(sig.GPU_TEMPERATURE, ("temperature_c", {sig.HW_SENSOR_LOCATION: "gpu"})),
+    _gpu_series(
+        sig.GPU_TEMPERATURE_LIMIT,
+        ("temperature_slowdown_c", {sig.HW_SENSOR_LOCATION: "gpu", sig.HW_LIMIT_TYPE: "throttled"}),
+        (
+            "temperature_shutdown_c",
+            {sig.HW_SENSOR_LOCATION: "gpu", sig.HW_LIMIT_TYPE: "high.critical"},
+        ),
+    ),
     _gpu_series(
         sig.GPU_ERRORS,
         ("ecc_corrected", {sig.ERROR_TYPE: "corrected"}),
@@ -275,7 +336,7 @@ INSTRUMENTS: tuple[Instrument, ...] = (
     Instrument(sig.GPU_THROTTLE, _throttle_reader()),
     _per_process(sig.PROCESS_GPU_MEMORY, "used_memory", on_gpu=True),
     _per_process(sig.PROCESS_GPU_UTILIZATION, "sm_util", on_gpu=True),
-    _per_process(sig.PROCESS_CPU_UTILIZATION, "cpu_utilization"),
+    Instrument(sig.PROCESS_CPU_UTILIZATION, lambda snap: _process_view(snap).cpu()),
     _per_process(sig.PROCESS_MEMORY, "memory_rss"),
     _per_process(sig.PROCESS_MEMORY_VIRTUAL, "memory_virtual"),
     _per_process(sig.PROCESS_THREADS, "thread_count"),

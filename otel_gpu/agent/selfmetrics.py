@@ -41,7 +41,8 @@ class SamplingState(Protocol):
 
 
 class ExportHealth:
-    """Outcome of metric exports: counts, and since when they have been failing."""
+    """Outcome of metric exports: counts, since when they have been failing, and when the last
+    one ended (an export thread that is stuck or gone ends none)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -51,10 +52,19 @@ class ExportHealth:
         self.dropped_points = 0
         self.rejected_points = 0  # in partial successes: the collector took the rest
         self.failing_since: float | None = None  # monotonic time of the first failure in a row
+        # Set when a push exporter starts (console, OTLP), then at the end of each export.
+        self.last_ended: float | None = None
+
+    def pushing(self) -> None:
+        """A push exporter counts into this from now on (the start of the stall clock)."""
+        with self._lock:
+            if self.last_ended is None:
+                self.last_ended = self._clock()
 
     def record(self, ok: bool, points: int) -> None:
         with self._lock:
             self.exports += 1
+            self.last_ended = self._clock()
             if ok:
                 self.failing_since = None
                 return
@@ -71,6 +81,12 @@ class ExportHealth:
         """Seconds exports have been failing without a success in between (0: not failing)."""
         since = self.failing_since
         return 0.0 if since is None else max(0.0, self._clock() - since)
+
+    def idle_for(self) -> float | None:
+        """Seconds since the last export ended (since the push exporter started before the
+        first); None without a push exporter."""
+        last = self.last_ended
+        return None if last is None else max(0.0, self._clock() - last)
 
 
 class CountingExporter(MetricExporter):

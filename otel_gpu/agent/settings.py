@@ -182,17 +182,19 @@ DECLARED = (
     ),
     Setting(
         "health", "OTEL_GPU_HEALTH", _health,
-        "serve `/healthz` (see \"Health endpoint\")", "off", "--health", "HOST:PORT",
+        "serve `/healthz` and `/exportz` (see \"Health endpoint\")", "off", "--health",
+        "HOST:PORT",
     ),
     Setting(
         "health_export_grace_s", "OTEL_GPU_HEALTH_EXPORT_GRACE", _seconds(),
-        "seconds of failing exports before `/healthz` answers 503", "60",
+        "seconds of failing exports before `/exportz` answers 503 (`/healthz` only says so)",
+        "60",
     ),
     Setting(
         "process_command", "OTEL_GPU_PROCESS_COMMAND", choice(COMMAND_MODES),
-        "what `process.command` holds: `redacted` (the command line, credentials masked), "
-        "`executable` (the program, and a Python script or `-m` module) or `off` (no command); "
-        "see \"What is redacted\"", "redacted",
+        "what `process.command_line` holds: `redacted` (the command line, credentials masked), "
+        "`executable` (the program, and a Python script or `-m` module) or `off` (no command "
+        "line; `process.command`, argv[0], stays); see \"What is redacted\"", "redacted",
     ),
     Setting(
         "server_metrics", "OTEL_GPU_SERVER_METRICS", _server_metrics,
@@ -242,10 +244,10 @@ class Settings:
     # process: NVML and /proc are read in a supervised helper process (crash-isolated);
     # thread: on a thread of the agent's own process (no isolation; for debugging).
     sampler: str = "process"
-    health: str | None = None  # HOST:PORT of the /healthz endpoint; None: no endpoint
-    health_export_grace_s: float = 60.0  # exports failing this long make /healthz 503
-    # What process.command (and the process detector's command attributes) hold: redacted,
-    # executable or off (otel_gpu.core.redact).
+    health: str | None = None  # HOST:PORT of /healthz and /exportz; None: no endpoint
+    health_export_grace_s: float = 60.0  # exports failing this long make /exportz 503
+    # What process.command_line (and the process detector's command line and arguments) hold:
+    # redacted, executable or off (otel_gpu.core.redact).
     process_command: str = COMMAND_REDACTED
     # The inference server's Prometheus URL the sidecar scrapes; None: no scrape.
     server_metrics: str | None = None

@@ -33,10 +33,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         """Watch every process of the pod (or those named by --match and their
         children) and the GPUs the pod was given (NVIDIA_VISIBLE_DEVICES or
         CUDA_VISIBLE_DEVICES of the server, else the sidecar's own). With --health,
-        /healthz is 200 while sampling is fresh and /readyz 200 while no
-        serving-fatal condition holds (a lost GPU, an Xid that needs a reset, memory
-        about to run out, requests waiting on idle GPUs). Ends within
-        OTEL_GPU_SHUTDOWN_TIMEOUT seconds of SIGTERM.""",
+        /healthz is 200 while sampling is fresh (the liveness probe), /exportz 503
+        while exports keep failing, and /readyz 200 while no serving-fatal condition
+        holds (a lost GPU, an Xid that needs a reset, memory about to run out,
+        requests waiting on idle GPUs). Ends within OTEL_GPU_SHUTDOWN_TIMEOUT
+        seconds of SIGTERM.""",
     )
     parser.add_argument(
         "--match",
@@ -68,7 +69,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def sidecar_settings(args: argparse.Namespace, env: dict[str, str]) -> Settings:
     """The shared agent settings, with the sidecar's defaults: the executable only in
-    ``process.command`` unless OTEL_GPU_PROCESS_COMMAND says otherwise."""
+    ``process.command_line`` unless OTEL_GPU_PROCESS_COMMAND says otherwise."""
     return settings_from_args(args, env, process_command="executable")
 
 

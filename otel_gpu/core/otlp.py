@@ -11,6 +11,31 @@ from urllib.parse import urlsplit
 from otel_gpu.core.errors import UsageError
 from otel_gpu.core.redact import MASK, mask_url
 
+# OTEL_EXPORTER_OTLP_PROTOCOL values the Python SDK has an exporter for (http/json: none).
+GRPC = "grpc"
+HTTP_PROTOBUF = "http/protobuf"
+HTTP_EXTRA = "pip install 'otel-gpu[otlp-http]' (opentelemetry-exporter-otlp-proto-http)"
+
+
+def otlp_protocol(env: Mapping[str, str], signal: str) -> str:
+    """The OTLP protocol for ``signal`` (traces, metrics, logs): the per-signal variable, else
+    ``OTEL_EXPORTER_OTLP_PROTOCOL``, else grpc. UsageError (one line) for another value."""
+    for name in (f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        raw = env.get(name, "").strip()
+        if not raw:
+            continue
+        value = raw.lower()
+        if value in (GRPC, HTTP_PROTOBUF):
+            return value
+        raise UsageError(f"{name}={raw!r}: use grpc or http/protobuf (http/json has no exporter)")
+    return GRPC
+
+
+def protocol_variable(env: Mapping[str, str], signal: str) -> str:
+    """Which variable set the protocol, for messages."""
+    specific = f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL"
+    return specific if env.get(specific, "").strip() else "OTEL_EXPORTER_OTLP_PROTOCOL"
+
 
 def shown_endpoint(endpoint: str | None) -> str:
     """The OTLP endpoint as logs and the view show it: scheme, host and port only (a URL may

@@ -36,11 +36,11 @@ from otel_gpu.core.redact_formats import random_entropy_floor as random_entropy_
 
 _T = TypeVar("_T")
 
-# OTEL_GPU_PROCESS_COMMAND: what the process.command attribute (and the process resource
-# detector's command attributes) hold.
+# OTEL_GPU_PROCESS_COMMAND: what the process.command_line attribute (and the process resource
+# detector's command line and arguments) hold; process.command is argv[0] in every mode.
 COMMAND_REDACTED = "redacted"  # the command line with secrets masked
 COMMAND_EXECUTABLE = "executable"  # the program only (and a Python script or -m module)
-COMMAND_OFF = "off"  # no command attribute
+COMMAND_OFF = "off"  # no command line
 COMMAND_MODES = (COMMAND_REDACTED, COMMAND_EXECUTABLE, COMMAND_OFF)
 
 # -- secret names ------------------------------------------------------------------------------
@@ -303,13 +303,21 @@ def program(args: Sequence[str]) -> str:
 def command_attribute(
     args: Sequence[str], mode: str = COMMAND_REDACTED, max_len: int | None = None
 ) -> str | None:
-    """``process.command`` for ``args`` under ``OTEL_GPU_PROCESS_COMMAND`` (``mode``), at most
-    ``max_len`` characters."""
+    """``process.command_line`` for ``args`` under ``OTEL_GPU_PROCESS_COMMAND`` (``mode``), at
+    most ``max_len`` characters."""
     if not args or mode == COMMAND_OFF:
         return None
     if mode == COMMAND_EXECUTABLE:
         return program(args)[:max_len]
     return redact_command(args, max_len)
+
+
+def command_name(args: Sequence[str], max_len: int | None = None) -> str | None:
+    """``process.command``: the command name, ``argv[0]`` (semconv), credentials masked as in
+    any string we emit, at most ``max_len`` characters; None for an empty command line."""
+    if not args or not args[0]:
+        return None
+    return redact_text(args[0])[:max_len]
 
 
 _URL_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)?[^/?#@\s]*@")

@@ -15,7 +15,6 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_gpu.core.redact import (
     COMMAND_EXECUTABLE,
-    COMMAND_OFF,
     COMMAND_REDACTED,
     MASK,
     is_secret_name,
@@ -47,8 +46,8 @@ def redact_resource(resource: Resource, mode: str = COMMAND_REDACTED) -> Resourc
         elif key == COMMAND_ARGS and isinstance(value, list | tuple):
             if mode == COMMAND_REDACTED:
                 attrs[key] = redact_args([str(v) for v in value])
-        elif key == COMMAND and mode == COMMAND_OFF:
-            continue
+        elif key in (COMMAND_LINE, COMMAND_ARGS):
+            continue  # off (or a value of an unexpected type): dropped
         elif is_secret_name(key):  # db.password=..., api.token=...: whatever the value looks like
             attrs[key] = MASK
         else:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from otel_gpu.agent.health import Check
 from otel_gpu.agent.session import AgentInputs, SessionPart
+from otel_gpu.core.signals import SCHEMA_URL
 from otel_gpu.detect.breaker import BreakerConfig
 from otel_gpu.inference.readiness import Readiness, ReadinessConfig
 from otel_gpu.inference.serving import ServingConditions, ServingConfig
@@ -54,7 +55,7 @@ class ServingReadiness(SessionPart):
 
     def attach(self, agent: Agent, provider: MeterProvider) -> None:
         if self.scraper is not None:
-            self.scraper.register_instruments(provider.get_meter("otel_gpu"))
+            self.scraper.register_instruments(provider.get_meter("otel_gpu", schema_url=SCHEMA_URL))
         if agent.watchdog is not None:
             agent.watchdog.alert_listeners.append(self.readiness.on_alert)
             if agent.watchdog.dispatcher is not None:

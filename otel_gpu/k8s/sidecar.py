@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from otel_gpu.agent.session import AgentInputs, SessionPart
 from otel_gpu.core.commandline import PYTHON, python_target
 from otel_gpu.core.errors import UsageError
+from otel_gpu.core.signals import SCHEMA_URL
 from otel_gpu.k8s.pod import (
     POD_ROOT_PID,
     KubernetesResourceDetector,
@@ -181,7 +182,9 @@ class PodAttribution(SessionPart):
     def attach(self, agent: Agent, provider: MeterProvider) -> None:
         self._agent = agent
         if self.attribution is not None:
-            self.attribution.register_instruments(provider.get_meter("otel_gpu"))
+            self.attribution.register_instruments(
+                provider.get_meter("otel_gpu", schema_url=SCHEMA_URL)
+            )
 
     def start(self) -> None:
         if self.attribution is not None:

@@ -3,6 +3,7 @@
 ``GET /healthz``: 200 ``ok`` while healthy; 503 with the reason when
 
 - the processor is shutting down, or
+- it is degraded (a state store, memory or disk queue problem), or
 - it has accepted at least one export request and then none for longer than ``stall_after_s``
   (ingestion stalled: the agents or the collector in front stopped sending), or
 - it is degraded (``degraded: <reason>``): the state store or a disk queue cannot be written,
@@ -13,9 +14,12 @@ Calls refused for a peer over its limit, or for sending no message in time, are 
 body but leave it 200: the limits are doing their work, and a failed liveness probe would let
 whoever sends such calls restart the processor.
 
-Before the first request it answers 200 (``ok: waiting for data``), so a freshly started
-processor is not restarted for having no clients yet. ``GET /stats`` returns the counters as
-JSON. Nothing secret is ever in either answer.
+Before the first request it answers 200 (``ok: waiting for data``). ``/healthz`` is for people,
+dashboards and alerts; the probes have their own paths. ``GET /livez`` (the liveness probe) is
+200 unless the processor is stopping, whatever its clients and downstreams do: an agent or
+collector outage must not restart it. ``GET /readyz`` (the readiness probe) is 503 while
+stopping or degraded, never for a stall (an unready processor gets no data, so a stall would
+never end). ``GET /stats`` returns the counters as JSON. Nothing secret is ever in an answer.
 
 Bounded under abuse (:mod:`otel_gpu.core.http`): at most ``max_connections`` requests are
 served at once, by as many pooled threads, plus one reserved for ``/healthz``; a request
@@ -32,6 +36,7 @@ from typing import Any
 
 from otel_gpu.core.http import Reply, RouteServer
 
+_PATHS = "/healthz, /livez, /readyz or /stats"
 _IDLE_S = 2.0  # a connection that has not sent its whole request by then is closed
 
 
@@ -45,23 +50,37 @@ class HealthServer(RouteServer):
         stats: Callable[[], dict[str, Any]],
         max_connections: int = 32,
         *,
+        live: Callable[[], tuple[bool, str]] | None = None,
+        ready: Callable[[], tuple[bool, str]] | None = None,
         source: str = "--health",
     ) -> None:
-        """``source``: the flag or variable ``address`` came from, named in errors."""
+        """``live``, ``ready``: the ``/livez`` and ``/readyz`` verdicts (default: ``check``).
+        ``source``: the flag or variable ``address`` came from, named in errors."""
 
-        def health() -> Reply:
-            ok, text = check()
-            return Reply(200 if ok else 503, text + "\n")
+        def verdict(of: Callable[[], tuple[bool, str]]) -> Callable[[], Reply]:
+            def route() -> Reply:
+                ok, text = of()
+                return Reply(200 if ok else 503, text + "\n")
+
+            return route
 
         def counters() -> Reply:
             return Reply(200, json.dumps(stats(), sort_keys=True), "application/json")
 
+        health = verdict(check)
         super().__init__(
             address,
-            {"/healthz": health, "/health": health, "/": health, "/stats": counters},
+            {
+                "/healthz": health,
+                "/health": health,
+                "/": health,
+                "/livez": verdict(live or check),
+                "/readyz": verdict(ready or check),
+                "/stats": counters,
+            },
             source=source,
             max_connections=max_connections,
             idle_s=_IDLE_S,
-            not_found=lambda _known: Reply(404, "not found: try /healthz or /stats\n"),
+            not_found=lambda _known: Reply(404, f"not found: try {_PATHS}\n"),
             example="127.0.0.1:4317",
         )

@@ -197,6 +197,8 @@ class Processor:
                 self.health,
                 self.stats,
                 cfg.health_max_connections,
+                live=self.liveness,
+                ready=self.readiness,
                 source=cfg.source("health"),
             )
             self.health_address = self._health.address
@@ -500,13 +502,12 @@ class Processor:
 
     def health(self) -> tuple[bool, str]:
         """(healthy, one line) by the rule documented in :mod:`otel_gpu.processor.health`."""
-        if self._stopping:
-            return False, "stopping"
-        problems = [self._store.problem(), self.memory.problem(), self.detection.problem()]
-        problems += [f.problem() for f in self.forwarders]
-        for problem in problems:
-            if problem:
-                return False, f"degraded: {problem}"
+        ready, text = self.readiness()
+        if not ready:
+            return ready, text
+        detection = self.detection.problem()  # a full subject cap: data goes unjudged
+        if detection:
+            return False, f"degraded: {detection}"
         # Refused calls are the limits doing their work: said, but not a failed probe (a
         # liveness restart would hand whoever sends them a way to restart the processor).
         calls = self.calls.problem()
@@ -521,6 +522,26 @@ class Processor:
                 f"(limit {self.config.stall_after_s:g} s){note}"
             )
         return True, f"ok: last export request {age:.1f} s ago{note}"
+
+    def liveness(self) -> tuple[bool, str]:
+        """``/livez``: the processor serves (it answers this; not stopping). Never what the
+        agents or the downstreams do: an outage of either must not restart it."""
+        if self._stopping:
+            return False, "stopping"
+        ok, text = self.health()
+        return True, f"live; health: {text}"
+
+    def readiness(self) -> tuple[bool, str]:
+        """``/readyz``: can it take data now (store, memory, disk queues)? Not the ingestion
+        stall: an unready processor gets no data, so it could never end one."""
+        if self._stopping:
+            return False, "stopping"
+        problems = [self._store.problem(), self.memory.problem()]
+        problems += [f.problem() for f in self.forwarders]
+        for problem in problems:
+            if problem:
+                return False, f"degraded: {problem}"
+        return True, "ready"
 
     def stats(self) -> dict[str, Any]:
         """Counters: requests by outcome, detection, each downstream, actions (no secrets)."""

@@ -152,7 +152,8 @@ DECLARED = (
     ),
     Setting(
         "health", "OTEL_GPU_PROCESSOR_HEALTH", _address,
-        "serve HTTP `/healthz` and `/stats` here", "off", "--health", "HOST:PORT",
+        "serve HTTP `/healthz`, `/livez`, `/readyz` and `/stats` here", "off", "--health",
+        "HOST:PORT",
     ),
     Setting(
         "prometheus", "OTEL_GPU_PROCESSOR_PROMETHEUS", _address,

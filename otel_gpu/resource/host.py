@@ -1,6 +1,9 @@
 """GPU host facts as resource attributes: driver versions, GPU count and models.
 
-Semconv has no attributes for these, so they are documented extensions under ``otel_gpu.``.
+Each GPU series carries semconv's own ``hw.driver_version``, ``hw.model``, ``hw.serial_number``
+and ``hw.firmware_version`` (otel_gpu/agent/instruments.py); this host-wide summary on the
+resource (the CUDA driver version, the GPU count and models beside the driver version) has no
+semconv resource attribute, so it is a documented extension under ``otel_gpu.``.
 NVML is asked through :meth:`otel_gpu.sampling.nvml.NvmlSource.host_info` in a short-lived
 child process (:class:`NvmlHostProbe`), waited for on a helper thread with a deadline: a driver
 fault that aborts or segfaults ``nvmlInit`` ends that child, never the job (resource detection

@@ -215,6 +215,11 @@ class NvmlSource:
                     status=status,
                     parent=dev.parent,
                     xid_last=dev.xid_last,
+                    serial=dev.serial,
+                    firmware_version=dev.vbios,
+                    driver_version=self._host.driver_version,
+                    temperature_shutdown_c=dev.temperature_shutdown_c,
+                    temperature_slowdown_c=dev.temperature_slowdown_c,
                     **values,
                 )
             )
@@ -265,6 +270,8 @@ class NvmlSource:
             return  # no pending event
         if metric.startswith("mig_"):
             return  # MIG discovery probes: an error means "no MIG device there"
+        if metric.startswith("identity_"):
+            return  # read once; no answer (a consumer board has no serial): unknown
         if dev is not None and dev.parent is not None and code == pynvml.NVML_ERROR_NOT_FOUND:
             self._refresh_wanted = True  # this MIG device was destroyed
             return
@@ -377,6 +384,13 @@ class NvmlSource:
                 if not dev.mig_enabled:  # what NVML lacks in MIG mode is back
                     kept.disabled -= {"utilization", "process_util"}
             selected[i] = kept or dev
+        by_uuid = {d.uuid: d for d in everything if d is not None}
+        for dev in selected:
+            if not dev.identity_read:
+                parent = by_uuid.get(dev.parent) if dev.parent else None
+                if parent is not None and not parent.identity_read:
+                    devices.read_identity(self._call_nvml, parent)
+                devices.read_identity(self._call_nvml, dev, parent)
         self._devices = selected
         self._selection_note = None
         if not selected:

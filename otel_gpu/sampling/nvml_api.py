@@ -300,6 +300,13 @@ class Device:
     # until empty or idle again (otherwise with the slow metrics: most GPUs that train have
     # none of them).
     active_lists: set[str] = field(default_factory=set)
+    # Read once when the device is first selected (nvml_devices.read_identity): None where
+    # NVML has no answer (consumer boards have no serial number).
+    identity_read: bool = False
+    serial: str | None = None  # hw.serial_number
+    vbios: str | None = None  # hw.firmware_version
+    temperature_shutdown_c: float | None = None  # hw.temperature.limit, high.critical
+    temperature_slowdown_c: float | None = None  # hw.temperature.limit, throttled
 
     def __post_init__(self) -> None:
         if self.key == -1:

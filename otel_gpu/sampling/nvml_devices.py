@@ -34,6 +34,32 @@ def _name(call: Call, metric: str, handle: Any) -> str | None:
     return None if name is api.FAILED else odd.name(name)
 
 
+# nvmlTemperatureThresholds_t (nvml.h, every driver branch since r470 and before)
+THRESHOLD_SHUTDOWN = 0
+THRESHOLD_SLOWDOWN = 1
+
+
+def read_identity(call: Call, dev: Device, parent: Device | None = None) -> None:
+    """What never changes while a device is there, read once: serial number, VBIOS version
+    and the temperature thresholds. A MIG device has its GPU's (``parent``); NVML answers
+    none of them for a MIG handle. ``call`` gives ``api.FAILED`` for an error (unknown)."""
+    dev.identity_read = True
+    if parent is not None:
+        dev.serial, dev.vbios = parent.serial, parent.vbios
+        return
+    for attr, symbol in (("serial", "nvmlDeviceGetSerial"), ("vbios", "nvmlDeviceGetVbiosVersion")):
+        value = call(f"identity_{attr}", api.device_string, symbol, dev.handle)
+        setattr(dev, attr, None if value is api.FAILED else odd.name(value))
+    for attr, kind in (
+        ("temperature_shutdown_c", THRESHOLD_SHUTDOWN),
+        ("temperature_slowdown_c", THRESHOLD_SLOWDOWN),
+    ):
+        value = call(
+            "identity_threshold", pynvml.nvmlDeviceGetTemperatureThreshold, dev.handle, kind
+        )
+        setattr(dev, attr, None if value is api.FAILED else odd.temperature(value))
+
+
 def enumerate_gpus(call: Call, count: int) -> list[Device | None]:
     """The GPUs at NVML indexes 0..count-1; None where one is not watched."""
     found: list[Device | None] = []

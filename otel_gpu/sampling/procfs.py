@@ -40,11 +40,13 @@ class ProcStat:
         """comm as the kernel wrote it (comparing bytes needs no decoding)."""
         return self._comm
 
-    def usage(self) -> tuple[int, int, int, int]:
-        """(utime + stime ticks, threads, virtual By, resident pages), parsed in one go."""
+    def usage(self) -> tuple[int, int, int, int, int]:
+        """(utime + stime ticks, stime ticks, threads, virtual By, resident pages), parsed in
+        one go."""
         rest = self._rest
         tail = rest[20].split(None, 2)
-        return int(rest[11]) + int(rest[12]), int(rest[17]), int(tail[0]), int(tail[1])
+        system = int(rest[12])
+        return int(rest[11]) + system, system, int(rest[17]), int(tail[0]), int(tail[1])
 
 
 def parse_stat(data: bytes) -> ProcStat | None:

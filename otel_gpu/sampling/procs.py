@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from otel_gpu.core.redact import COMMAND_MODES, COMMAND_OFF, COMMAND_REDACTED, command_attribute
+from otel_gpu.core.redact import COMMAND_MODES, COMMAND_REDACTED, command_attribute, command_name
 from otel_gpu.sampling.procfs import (
     CLK_TCK,
     PAGE_SIZE,
@@ -76,6 +76,7 @@ class _Static:
     vpid: int | None
     young: bool = False  # read in the process's first moments: read again next time
     command_known: bool = True  # False: an empty command line (mid-exec), read again next time
+    command_name: str | None = None  # argv[0] (process.command)
 
 
 def fd_count_by_stat(proc_root: str) -> bool:
@@ -117,9 +118,10 @@ class ProcessTree:
         the denominator of ``cpu_utilization``. ``host_pid_namespace``: whether ``proc_root``
         shows host PIDs (default: detected from visible kernel threads). ``skip_pids``: PIDs
         never read (an earlier sampler hung reading them). ``command_mode``
-        (``OTEL_GPU_PROCESS_COMMAND``): ``process.command`` is the command line with
+        (``OTEL_GPU_PROCESS_COMMAND``): ``process.command_line`` is the command line with
         credentials masked (``redacted``), the program only (``executable``) or absent
-        (``off``); see :mod:`otel_gpu.core.redact`."""
+        (``off``), and ``process.command`` is ``argv[0]`` in every mode; see
+        :mod:`otel_gpu.core.redact`."""
         if max_processes < 1:
             raise ValueError("max_processes must be >= 1")
         if command_mode not in COMMAND_MODES:
@@ -141,7 +143,7 @@ class ProcessTree:
         self._static: dict[tuple[int, int], _Static] = {}
         self._nspid: dict[tuple[int, int], tuple[int, ...]] = {}
         self._nvidia: dict[tuple[int, int], bool] = {}
-        self._cpu_prev: dict[tuple[int, int], tuple[int, float]] = {}
+        self._cpu_prev: dict[tuple[int, int], tuple[int, float, int]] = {}  # ticks, at, system
         self._fds: dict[tuple[int, int], int | None] = {}  # open files, refreshed on scans
         self._users: dict[int, str] = {}
         self._boot_time: float | None = None
@@ -420,7 +422,8 @@ class ProcessTree:
         if st.state == "Z":  # a zombie has released its memory and files: unknown, not 0
             return ProcessSample(
                 pid, static.vpid, st.ppid, static.executable_name, static.command, static.owner,
-                static.create_time, None, None, None, None, None, in_tree, st.starttime,
+                static.create_time, None, None, None, None, None, in_tree, st.starttime, None,
+                static.command_name,
             )  # fmt: skip
         # Open files change slowly: counted once per discovery period and for processes new
         # to the sample.
@@ -435,30 +438,31 @@ class ProcessTree:
             except OSError:
                 return None  # exited since the scan
         fd_count = self._fds[key]
-        ticks, threads, vsize, rss_pages = st.usage()
+        ticks, system, threads, vsize, rss_pages = st.usage()
         cpu: float | None = None
+        cpu_system: float | None = None
         prev = self._cpu_prev.get(key)
         if prev is None or now > prev[1]:
             if prev is not None:
-                used_s = (ticks - prev[0]) / CLK_TCK
-                cpu = min(1.0, max(0.0, used_s / (now - prev[1]) / self._cpus))
-            self._cpu_prev[key] = (ticks, now)
+                per_s = 1.0 / CLK_TCK / (now - prev[1]) / self._cpus
+                cpu = min(1.0, max(0.0, (ticks - prev[0]) * per_s))
+                cpu_system = min(cpu, max(0.0, (system - prev[2]) * per_s))
+            self._cpu_prev[key] = (ticks, now, system)
         return ProcessSample(
             pid, static.vpid, st.ppid, static.executable_name, static.command, static.owner,
             static.create_time, cpu, rss_pages * PAGE_SIZE, vsize, threads, fd_count, in_tree,
-            st.starttime,
+            st.starttime, cpu_system, static.command_name,
         )  # fmt: skip
 
     def _read_static(self, pid: int, st: ProcStat) -> _Static | None:
         base = f"{self.proc_root}/{pid}"
-        command, known = None, True
-        if self.command_mode != COMMAND_OFF:
-            args = read_cmdline(self.proc_root, pid, max(4096, self.command_max_len * 4))
-            if args is None:
-                return None  # exited
-            # Redacted before it is cut, so a cut never exposes part of a secret.
-            command = command_attribute(args, self.command_mode, self.command_max_len)
-            known = bool(args)
+        args = read_cmdline(self.proc_root, pid, max(4096, self.command_max_len * 4))
+        if args is None:
+            return None  # exited
+        # Redacted before it is cut, so a cut never exposes part of a secret.
+        command = command_attribute(args, self.command_mode, self.command_max_len)
+        name = command_name(args, self.command_max_len)
+        known = bool(args)
         try:
             exe = os.path.basename(os.readlink(f"{base}/exe")).removesuffix(" (deleted)")
         except OSError:  # other users' processes, kernel threads, zombies
@@ -474,6 +478,7 @@ class ProcessTree:
             self._user(uid),
             vpid,
             command_known=known,
+            command_name=name,
         )
 
     def _user(self, uid: int | None) -> str | None:

@@ -62,6 +62,12 @@ class GpuSample:
     processes_listed: bool | None = None
     # Wall time (s) this sweep spent reading this device: the slow GPU in a slow sweep.
     read_seconds: float | None = None
+    # Read once per device (hw.serial_number, hw.firmware_version = VBIOS, hw.driver_version)
+    serial: str | None = None
+    firmware_version: str | None = None
+    driver_version: str | None = None
+    temperature_shutdown_c: float | None = None  # hw.temperature.limit (high.critical)
+    temperature_slowdown_c: float | None = None  # hw.temperature.limit (throttled)
 
 
 class GpuProcessSample(NamedTuple):
@@ -81,7 +87,7 @@ class ProcessSample(NamedTuple):
     vpid: int | None = None  # PID inside the process's own namespace (last NSpid) when it differs
     parent_pid: int | None = None
     executable_name: str | None = None
-    command: str | None = None  # truncated command line
+    command: str | None = None  # the command line as OTEL_GPU_PROCESS_COMMAND asks (truncated)
     owner: str | None = None
     create_time: float | None = None  # s since epoch; guards PID reuse
     cpu_utilization: float | None = None  # 0..1: CPU time / elapsed / CPUs available (semconv)
@@ -91,6 +97,8 @@ class ProcessSample(NamedTuple):
     fd_count: int | None = None
     in_tree: bool = True  # False: not in the watched tree, only seen on the job's GPUs
     start_ticks: int | None = None  # /proc/PID/stat starttime (clock ticks after boot): exact
+    cpu_system: float | None = None  # the kernel-mode share of cpu_utilization (cpu.mode=system)
+    command_name: str | None = None  # argv[0], credentials masked (process.command)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,5 +27,6 @@ OTEL_GPU_TRAIN_TRACEPARENT = "OTEL_GPU_TRAIN_TRACEPARENT"
 trace for a multi-node job."""
 
 OTEL_GPU_PROCESS_COMMAND = "OTEL_GPU_PROCESS_COMMAND"
-"""What ``process.command`` (and the process resource detector's command attributes) hold:
-``redacted`` (default: credentials masked), ``executable`` (the program only) or ``off``."""
+"""What ``process.command_line`` (and the process resource detector's command line and
+arguments) hold: ``redacted`` (default: credentials masked), ``executable`` (the program only)
+or ``off`` (none; ``process.command``, argv[0], stays)."""

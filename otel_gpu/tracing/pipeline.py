@@ -37,7 +37,13 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.util._importlib_metadata import entry_points
 
 from otel_gpu.core.errors import UsageError
-from otel_gpu.core.otlp import check_otlp_environment
+from otel_gpu.core.otlp import (
+    HTTP_EXTRA,
+    HTTP_PROTOBUF,
+    check_otlp_environment,
+    otlp_protocol,
+    protocol_variable,
+)
 from otel_gpu.core.redact import COMMAND_REDACTED
 from otel_gpu.core.redact_sdk import RedactingLogProcessor, redact_resource
 from otel_gpu.core.shutdown import close_all
@@ -124,12 +130,8 @@ def exporter_entry_point(name: str, signal: str) -> str:
     """``otlp`` -> ``otlp_proto_grpc`` (or ``otlp_proto_http`` when the protocol says so)."""
     if name != "otlp":
         return name
-    protocol = (
-        os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL")
-        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-        or "grpc"
-    ).strip()
-    return "otlp_proto_http" if protocol.startswith("http") else "otlp_proto_grpc"
+    protocol = otlp_protocol(os.environ, signal)
+    return "otlp_proto_http" if protocol == HTTP_PROTOBUF else "otlp_proto_grpc"
 
 
 def _quiet(exporter: Any, signal: str) -> Any:
@@ -175,6 +177,11 @@ def _exporters(signal: str) -> list[Any]:
             # go without it: refused here (one line, masked), telemetry off in this process.
             check_otlp_environment(os.environ)
         found = list(entry_points(group=group, name=exporter_entry_point(name, signal)))
+        if not found and exporter_entry_point(name, signal) == "otlp_proto_http":
+            raise UsageError(
+                f"{protocol_variable(os.environ, signal)}=http/protobuf: the OTLP/HTTP exporter "
+                f"is not installed; {HTTP_EXTRA}, or use grpc"
+            )
         if not found:
             installed = sorted({"otlp", *entry_points(group=group).names})
             raise UsageError(

@@ -30,6 +30,7 @@ from otel_gpu.core.signals import (
     GPU_INDEX,
     HW_ID,
     PHASE,
+    SCHEMA_URL,
     TORCH_ALLOCATED,
     TORCH_PEAK,
     TORCH_RESERVED,
@@ -251,7 +252,7 @@ def register(meter_provider: MeterProvider | None = None) -> bool:
             return False
         _registered.add(id(provider))
     try:
-        meter = provider.get_meter("otel_gpu.tracing")
+        meter = provider.get_meter("otel_gpu.tracing", schema_url=SCHEMA_URL)
         observable(meter, TRAINING_STEP, [_observe_step])
         observable(meter, TRAINING_PHASE, [_observe_phase])
         for signal, key in NUMBER_SIGNALS:
@@ -307,7 +308,9 @@ def register_torch(torch: Any, meter_provider: MeterProvider | None = None) -> b
     if getattr(getattr(torch, "version", None), "cuda", None) is None:
         return False
     try:
-        meter = (meter_provider or metrics.get_meter_provider()).get_meter("otel_gpu.tracing")
+        meter = (meter_provider or metrics.get_meter_provider()).get_meter(
+            "otel_gpu.tracing", schema_url=SCHEMA_URL
+        )
         for signal, stat in (
             (TORCH_ALLOCATED, "allocated_bytes.all.current"),
             (TORCH_RESERVED, "reserved_bytes.all.current"),

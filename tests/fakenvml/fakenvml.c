@@ -33,7 +33,7 @@
  *   fail.<symbol|*>[.<i|*>] = CODE [after=N] [until=N] [every=N] [from=S] [to=S]
  *   delay.<symbol|*>[.<i|*>] = MS [after=N] [until=N] [every=N] [from=S] [to=S]
  *
- * String fields: name, uuid, pci_bus_id, up to 255 bytes (longer than NVML's 96-byte buffers:
+ * String fields: name, uuid, pci_bus_id, serial, vbios, up to 255 bytes (longer than NVML's 96-byte buffers:
  *   a longer one gives INSUFFICIENT_SIZE to pynvml); \xNN stands for any byte but NUL (names
  *   that are not UTF-8), \\ for a backslash, any other escape is an error.
  * Number fields (VALUE below), NVML's own units:
@@ -41,7 +41,8 @@
  *   may exceed total, as some drivers report, and "free" is then 0), memory.reserved; util.gpu, util.memory, util.encoder, util.decoder (%); temperature (C);
  *   power.usage, power.limit (mW); energy (mJ); clock.graphics, clock.sm, clock.mem,
  *   clock.video (MHz); pcie.tx, pcie.rx (KB/s); ecc.corrected, ecc.uncorrected (volatile
- *   totals); mig, mig.pending (0/1); clocks_event_reasons, supported_events (bitmasks, 0x ok).
+ *   totals); mig, mig.pending (0/1); clocks_event_reasons, supported_events (bitmasks, 0x ok);
+ *   temperature.shutdown, temperature.slowdown (C; nvmlDeviceGetTemperatureThreshold).
  * VALUE:
  *   42                constant
  *   1e9+2e6/s         ramp: 1e9 + 2e6 * (seconds since t0); "-" slopes too
@@ -180,7 +181,8 @@ _Static_assert(NVML_ERROR_GPU_IS_LOST == 15 && NVML_ERROR_NOT_SUPPORTED == 3 &&
     X(nvmlDeviceRegisterEvents) X(nvmlEventSetWait_v2) X(nvmlEventSetFree)                       \
     X(nvmlDeviceGetMaxMigDeviceCount) X(nvmlDeviceGetMigDeviceHandleByIndex)                      \
     X(nvmlDeviceIsMigDeviceHandle) X(nvmlDeviceGetDeviceHandleFromMigDeviceHandle)                \
-    X(nvmlDeviceGetGpuInstanceId) X(nvmlDeviceGetComputeInstanceId)
+    X(nvmlDeviceGetGpuInstanceId) X(nvmlDeviceGetComputeInstanceId) X(nvmlDeviceGetSerial)      \
+    X(nvmlDeviceGetVbiosVersion) X(nvmlDeviceGetTemperatureThreshold)
 
 #define FK_ENUM(name) SYM_##name,
 #define FK_NAME(name) #name,
@@ -258,17 +260,19 @@ enum {
     F_MEM_TOTAL, F_MEM_USED, F_MEM_RESERVED, F_UTIL_GPU, F_UTIL_MEM, F_UTIL_ENC, F_UTIL_DEC,
     F_TEMP, F_POWER, F_POWER_LIMIT, F_ENERGY, F_CLK_GRAPHICS, F_CLK_SM, F_CLK_MEM, F_CLK_VIDEO,
     F_PCIE_TX, F_PCIE_RX, F_ECC_CORR, F_ECC_UNCORR, F_MIG, F_MIG_PENDING, F_REASONS,
-    F_SUPPORTED_EVENTS, F_PUTIL_PERIOD, F_PUTIL_OFFSET, F_NFIELDS
+    F_SUPPORTED_EVENTS, F_PUTIL_PERIOD, F_PUTIL_OFFSET, F_TEMP_SHUTDOWN, F_TEMP_SLOWDOWN,
+    F_NFIELDS
 };
 static const char *const fk_field_names[F_NFIELDS] = {
     "memory.total", "memory.used", "memory.reserved", "util.gpu", "util.memory",
     "util.encoder", "util.decoder", "temperature", "power.usage", "power.limit", "energy",
     "clock.graphics", "clock.sm", "clock.mem", "clock.video", "pcie.tx", "pcie.rx",
     "ecc.corrected", "ecc.uncorrected", "mig", "mig.pending", "clocks_event_reasons",
-    "supported_events", "process_util.period_ms", "process_util.offset_ms"};
+    "supported_events", "process_util.period_ms", "process_util.offset_ms",
+    "temperature.shutdown", "temperature.slowdown"};
 static const double fk_field_defaults[F_NFIELDS] = {
     85899345920.0, 1073741824.0, 536870912.0, 0, 0, 0, 0, 35, 70000, 700000, 1000000,
-    1980, 1980, 2619, 1755, 0, 0, 0, 0, 0, 0, 0, 0xF, 1000, 0};
+    1980, 1980, 2619, 1755, 0, 0, 0, 0, 0, 0, 0, 0xF, 1000, 0, 92, 89};
 
 /* One MIG device (mig.N.I.*): a compute instance of GPU N, reachable while N's mig is 1. */
 typedef struct {
@@ -282,6 +286,7 @@ typedef struct {
 
 typedef struct {
     char name[256], uuid[256], bus_id[32]; /* longer than NVML's 96: overlong strings */
+    char serial[256], vbios[256];
     fk_value f[F_NFIELDS];
     int nproc[FK_PROC_KINDS], nputil, nxid;
     fk_proc *procs[FK_PROC_KINDS]; /* compute, graphics, MPS compute */
@@ -469,6 +474,8 @@ static void fk_default_dev(fk_dev *d, int i) {
     snprintf(d->name, sizeof d->name, "NVIDIA H100 80GB HBM3");
     snprintf(d->uuid, sizeof d->uuid, "GPU-fa4e0000-0000-4000-8000-%012x", i);
     snprintf(d->bus_id, sizeof d->bus_id, "00000000:%02X:00.0", (0x18 + i * 0x10) & 0xFF);
+    snprintf(d->serial, sizeof d->serial, "165092301%04d", i);
+    snprintf(d->vbios, sizeof d->vbios, "96.00.99.00.01");
     for (int f = 0; f < F_NFIELDS; f++) {
         d->f[f].nseg = 1;
         d->f[f].seg[0].base = fk_field_defaults[f];
@@ -605,6 +612,8 @@ static int fk_set_dev_field(fk_dev *d, const char *field, const char *val) {
     if (strcmp(field, "name") == 0) return fk_set_str(d->name, sizeof d->name, val);
     if (strcmp(field, "uuid") == 0) return fk_set_str(d->uuid, sizeof d->uuid, val);
     if (strcmp(field, "pci_bus_id") == 0) return fk_set_str(d->bus_id, sizeof d->bus_id, val);
+    if (strcmp(field, "serial") == 0) return fk_set_str(d->serial, sizeof d->serial, val);
+    if (strcmp(field, "vbios") == 0) return fk_set_str(d->vbios, sizeof d->vbios, val);
     char *buf = strdup(val); /* the parsers cut their copy into tokens */
     int r = buf ? fk_parse_list(d, field, buf) : -1;
     for (int f = 0; r == 1 && f < F_NFIELDS; f++)
@@ -1127,6 +1136,32 @@ EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned 
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
     DEV_ENTER_ANY(nvmlDeviceGetUUID)
     DEV_RETURN(fk_copy_str(uuid, length, m ? m->uuid : d->uuid));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length) {
+    DEV_ENTER(nvmlDeviceGetSerial)
+    DEV_RETURN(fk_copy_str(serial, length, d->serial));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t device, char *version,
+                                              unsigned int length) {
+    DEV_ENTER(nvmlDeviceGetVbiosVersion)
+    DEV_RETURN(fk_copy_str(version, length, d->vbios));
+}
+
+/* The shutdown and slowdown thresholds (memory max and GPU max: NOT_SUPPORTED, as on boards
+ * without them). */
+EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device,
+                                                      nvmlTemperatureThresholds_t thresholdType,
+                                                      unsigned int *temp) {
+    DEV_ENTER(nvmlDeviceGetTemperatureThreshold)
+    if (!temp) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (thresholdType != NVML_TEMPERATURE_THRESHOLD_SHUTDOWN &&
+        thresholdType != NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+        DEV_RETURN(NVML_ERROR_NOT_SUPPORTED);
+    *temp = fk_u32(d, thresholdType == NVML_TEMPERATURE_THRESHOLD_SHUTDOWN ? F_TEMP_SHUTDOWN
+                                                                             : F_TEMP_SLOWDOWN);
+    DEV_RETURN(NVML_SUCCESS);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {

@@ -47,6 +47,13 @@ typedef enum nvmlTemperatureSensors_enum {
     NVML_TEMPERATURE_COUNT
 } nvmlTemperatureSensors_t;
 
+typedef enum nvmlTemperatureThresholds_enum {
+    NVML_TEMPERATURE_THRESHOLD_SHUTDOWN = 0,
+    NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 1,
+    NVML_TEMPERATURE_THRESHOLD_MEM_MAX = 2,
+    NVML_TEMPERATURE_THRESHOLD_GPU_MAX = 3
+} nvmlTemperatureThresholds_t;
+
 typedef enum nvmlClockType_enum {
     NVML_CLOCK_GRAPHICS = 0,
     NVML_CLOCK_SM = 1,

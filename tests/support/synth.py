@@ -145,7 +145,8 @@ def agent_request(
                 (sig.HW_TYPE, "gpu"),
                 (sig.HW_VENDOR, "NVIDIA"),
                 (sig.GPU_INDEX, g),
-                (sig.HW_NAME, "NVIDIA H100 80GB HBM3"),
+                (sig.HW_NAME, f"GPU{g}"),
+                (sig.HW_MODEL, "NVIDIA H100 80GB HBM3"),
                 *extra.items(),
             ]
             for k, a in gpu_attrs:

@@ -37,6 +37,8 @@ from otel_gpu.core.signals.inputs import feeds as feeds
 from otel_gpu.core.signals.k8s import *  # noqa: F403
 from otel_gpu.core.signals.model import COUNTER as COUNTER
 from otel_gpu.core.signals.model import GAUGE as GAUGE
+from otel_gpu.core.signals.model import SCHEMA_URL as SCHEMA_URL
+from otel_gpu.core.signals.model import SEMCONV_VERSION as SEMCONV_VERSION
 from otel_gpu.core.signals.model import UPDOWN as UPDOWN
 from otel_gpu.core.signals.model import Signal as Signal
 from otel_gpu.core.signals.process import *  # noqa: F403

@@ -4,7 +4,13 @@ outputs' records (alert and transition span events and log records)."""
 HW_ID = "hw.id"  # GPU UUID
 HW_TYPE = "hw.type"
 HW_VENDOR = "hw.vendor"
-HW_NAME = "hw.name"
+HW_NAME = "hw.name"  # short: GPU0, or GPU0 MIG 3g.40gb (semconv: an easily-recognizable name)
+HW_MODEL = "hw.model"  # the product name NVML reports, e.g. NVIDIA H100 80GB HBM3
+HW_DRIVER_VERSION = "hw.driver_version"
+HW_FIRMWARE_VERSION = "hw.firmware_version"  # the VBIOS version
+HW_SERIAL_NUMBER = "hw.serial_number"
+HW_SENSOR_LOCATION = "hw.sensor_location"  # on hw.temperature*: gpu (NVML's GPU die sensor)
+HW_LIMIT_TYPE = "hw.limit_type"  # on hw.temperature.limit: high.critical, throttled
 HW_PARENT = "hw.parent"  # the physical GPU of a MIG instance
 HW_STATE = "hw.state"
 GPU_INDEX = "gpu.index"
@@ -17,7 +23,12 @@ PROCESS_PID = "process.pid"
 PROCESS_VPID = "process.vpid"  # the PID inside the job's namespace, when it differs
 PROCESS_PARENT_PID = "process.parent_pid"
 PROCESS_EXECUTABLE = "process.executable.name"
-PROCESS_COMMAND = "process.command"
+PROCESS_COMMAND = "process.command"  # argv[0]
+PROCESS_COMMAND_LINE = "process.command_line"  # as OTEL_GPU_PROCESS_COMMAND asks
+PROCESS_CREATION_TIME = (
+    "process.creation.time"  # ISO 8601: with process.pid, tells reused PIDs apart
+)
+CPU_MODE = "cpu.mode"  # user, system
 PROCESS_OWNER = "process.owner"
 PHASE = "training.phase"  # on training.phase points: the phase the point is about
 SUBJECT_KIND = "otel_gpu.subject.kind"  # on detector outputs: what a subject is (below)

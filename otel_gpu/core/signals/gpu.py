@@ -28,7 +28,16 @@ GPU_MEMORY_CONTROLLER = Signal(
 GPU_POWER = Signal("hw.power", GAUGE, "W", "GPU power draw")
 GPU_POWER_LIMIT = Signal("otel_gpu.gpu.power.limit", GAUGE, "W", "Enforced GPU power limit")
 GPU_ENERGY = Signal("hw.energy", COUNTER, "J", "GPU energy since the driver loaded")
-GPU_TEMPERATURE = Signal("hw.temperature", GAUGE, "Cel", "GPU core temperature")
+GPU_TEMPERATURE = Signal(
+    "hw.temperature", GAUGE, "Cel", "GPU core temperature (hw.sensor_location = gpu)"
+)
+GPU_TEMPERATURE_LIMIT = Signal(
+    "hw.temperature.limit",
+    GAUGE,
+    "Cel",
+    "GPU temperature thresholds by hw.limit_type: throttled (the driver slows the GPU down) "
+    "and high.critical (it shuts the GPU down)",
+)
 GPU_ERRORS = Signal(
     "hw.errors",
     COUNTER,

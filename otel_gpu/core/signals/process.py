@@ -13,7 +13,10 @@ PROCESS_GPU_UTILIZATION = Signal(
     "Fraction of time a process ran kernels on one GPU (NVML samples)",
 )
 PROCESS_CPU_UTILIZATION = Signal(
-    "process.cpu.utilization", GAUGE, "1", "CPU time / elapsed time / CPUs available"
+    "process.cpu.utilization",
+    GAUGE,
+    "1",
+    "CPU time / elapsed time / CPUs available, by cpu.mode (user, system)",
 )
 PROCESS_MEMORY = Signal("process.memory.usage", UPDOWN, "By", "Resident memory")
 PROCESS_MEMORY_VIRTUAL = Signal("process.memory.virtual", UPDOWN, "By", "Virtual memory")
