@@ -30,17 +30,27 @@ from otel_gpu.tracing.autoload import AUTOLOAD_DIR
 
 INSTRUMENT = str(Path(sys.executable).parent / "opentelemetry-instrument")
 
-# A training loop with a load and a train phase, 24 steps of 50 ms; prints what it was handed.
+# A real CPU torch training loop with a load and a train phase, 24 steps (loss 1/step, so the
+# test knows the last one); prints what it was handed.
 TRAIN = """
 import os, time
+import torch
 import otel_gpu
 print("EXPORTERS", os.environ.get("OTEL_TRACES_EXPORTER"), os.environ.get("OTEL_METRICS_EXPORTER"))
 with otel_gpu.phase("load"):
-    time.sleep(0.6)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 16), torch.randn(64, 1)
+    time.sleep(0.5)
 with otel_gpu.phase("train"):
     for i in range(1, 25):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
         time.sleep(0.05)
-        otel_gpu.step(i, loss=1.0 / i)
+        otel_gpu.step(i, loss=1.0 / i, lr=0.01, samples=64)
 time.sleep(0.8)  # one more poll sees the last step
 print("TRAINED")
 """
@@ -115,7 +125,8 @@ def test_a_plain_python_job_joins_view_record_and_summary(tmp_path: Path) -> Non
     assert training["last"]["loss"] == pytest.approx(
         1 / 24, abs=1e-6
     )  # the trainer's numbers (19.2)
-    assert training["last"]["step_s"] > 0
+    assert training["last"]["step_s"] > 0 and training["last"]["samples_per_s"] > 0
+    assert " samples/s" in proc.stderr  # the view's title: the trainer's throughput
     assert "phase train  step " in proc.stderr and " loss " in proc.stderr  # the view title
     assert "training: 24 steps" in proc.stderr and "last loss 0.04167" in proc.stderr
     # The report draws the training progress from the recording's step column.
