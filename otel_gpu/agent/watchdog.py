@@ -11,6 +11,7 @@ this agent already watches (from ``otel_gpu.breaker.state``) and leaves them to 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -37,9 +38,10 @@ from otel_gpu.core.signals import (
 )
 from otel_gpu.detect.breaker import STATE_VALUES, Breaker, BreakerConfig, Transition
 from otel_gpu.detect.engine import DetectConfig, Engine
+from otel_gpu.detect.lost import GpuSeen, GpuUser, LostGpus
 from otel_gpu.detect.model import LEAK, Alert, Point
 from otel_gpu.detect.subject import SUBJECT_NAME
-from otel_gpu.sampling.snapshot import Snapshot
+from otel_gpu.sampling.snapshot import STATUS_FAILED, Snapshot
 
 log = logging.getLogger("otel_gpu.watchdog")
 
@@ -94,6 +96,7 @@ class Watchdog:
         step: Callable[[], float | None] = lambda: None,
         host_memory: int | None = None,
         start_ticks: Callable[[int], int | None] | None = None,
+        proc_root: str = "/proc",
     ) -> None:
         self.engine = engine
         self.breaker = breaker
@@ -121,6 +124,10 @@ class Watchdog:
         # Alerts of the kinds a diagnoser is registered for wait here (with the transitions of
         # their subject) until their diagnosis is attached; see agent/diagnosis.py.
         self.diagnosis: DiagnosisQueue | None = None
+        # GPUs that fall off (device count drop, UUID gone, GPU_IS_LOST): job-level alerts
+        self._lost = LostGpus()
+        self._proc_root = proc_root
+        self._ranks: dict[int, int | None] = {}  # pid -> RANK from its environment, read once
 
     @classmethod
     def build(
@@ -155,6 +162,7 @@ class Watchdog:
             step=trainer.step,
             host_memory=psutil.virtual_memory().total,
             start_ticks=lambda pid: read_start_ticks(pid, proc_root),
+            proc_root=proc_root,
         )
         stopper = JobStopper(
             watchdog.verified_trainers,
@@ -176,13 +184,17 @@ class Watchdog:
             judged.append((subject, point))
             with self._lock:
                 self._attrs[subject] = attrs
-            for alert in self.engine.observe(subject, point):
+            for found in self.engine.observe(subject, point):
+                alert = self._annotated(found, snap)
                 caused = self.breaker.record_alert(alert)
                 if self.diagnosis is not None and self.diagnosis.takes(alert):
                     self.diagnosis.submit(alert, caused)
                     continue
                 self._on_alert(alert)
                 transitions.extend(caused)
+        for alert in self._lost_gpus(snap):
+            transitions.extend(self.breaker.record_alert(alert))
+            self._on_alert(alert)
         self._forget_absent(seen)
         transitions.extend(self.breaker.advance_all(snap.time, self.engine.active_kinds))
         for t in transitions:
@@ -195,6 +207,42 @@ class Watchdog:
             self._states = {s: self.breaker.state(s) for s in self._attrs}
         for listener in self.sweep_listeners:
             listener(snap, judged)
+
+    def _users(self, snap: Snapshot) -> dict[str, list[GpuUser]]:
+        """The processes on each GPU this sweep, with their ranks where their environment
+        names one (read once per PID, on the sampler thread)."""
+        names = {p.pid: p.executable_name for p in snap.processes}
+        out: dict[str, list[GpuUser]] = {}
+        for gp in snap.gpu_processes:
+            pid = snap.host_to_local.get(gp.pid, gp.pid)
+            if pid not in self._ranks:
+                if len(self._ranks) > 4096:
+                    self._ranks.clear()
+                self._ranks[pid] = read_rank(pid, self._proc_root)
+            out.setdefault(gp.gpu_uuid, []).append(GpuUser(pid, self._ranks[pid], names.get(pid)))
+        return out
+
+    def _lost_gpus(self, snap: Snapshot) -> list[Alert]:
+        seen = [
+            GpuSeen(g.uuid, g.index, g.status == STATUS_FAILED, g.xid_last)
+            for g in snap.gpus
+            if g.parent is None
+        ]
+        answers = snap.no_gpu_reason is None or snap.no_gpu_reason == "NVML reports no GPU"
+        return self._lost.observe(snap.time, seen, self._users(snap), nvml_answers=answers)
+
+    def _annotated(self, alert: Alert, snap: Snapshot) -> Alert:
+        """An application's Xid names the processes it belongs to (those on that GPU)."""
+        if alert.evidence.get("xid_class") != "application" or not alert.subject.startswith("gpu:"):
+            return alert
+        users = self._users(snap).get(alert.subject[len("gpu:") :], [])
+        if not users:
+            return alert
+        evidence = {**alert.evidence, "pids": ",".join(str(u.pid) for u in users)}
+        who = ", ".join(str(u) for u in users[:8])
+        return dataclasses.replace(
+            alert, message=f"{alert.message} (processes on it: {who})", evidence=evidence
+        )
 
     def _live_leaks(self) -> dict[str, tuple[float, float | None]]:
         """The current rate and time to exhaustion of every active leak (a leak is only active
@@ -322,3 +370,22 @@ class Watchdog:
             self.diagnosis.close()
         if self.dispatcher is not None:
             self.dispatcher.close(timeout_s)
+
+
+def read_rank(pid: int, proc_root: str = "/proc") -> int | None:
+    """``RANK`` from a process's environment (torchrun, SLURM via ``SLURM_PROCID``), or None
+    where it names none or cannot be read (another user's process)."""
+    try:
+        with open(f"{proc_root}/{pid}/environ", "rb") as f:
+            raw = f.read(256 * 1024)
+    except OSError:
+        return None
+    found: dict[bytes, bytes] = {}
+    for item in raw.split(b"\0"):
+        key, _, value = item.partition(b"=")
+        if key in (b"RANK", b"SLURM_PROCID"):
+            found[key] = value
+    for key in (b"RANK", b"SLURM_PROCID"):
+        if key in found and found[key].isdigit() and len(found[key]) < 9:
+            return int(found[key])
+    return None

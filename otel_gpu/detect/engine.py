@@ -93,6 +93,9 @@ class Engine:
             + (point.temperature_c or 0.0)
             + (point.ecc_uncorrected or 0.0)
             + (point.xid_errors or 0.0)
+            + (point.xid_reset or 0.0)
+            + (point.xid_severe or 0.0)
+            + (point.xid_last or 0.0)
         ):
             point = _sanitized(point)
 

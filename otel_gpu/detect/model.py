@@ -18,6 +18,11 @@ HARDWARE = "hardware"
 # by the wrapper at the job's end, not by the engine: agent/leftovers.py).
 ORPHAN = "orphan"
 
+# An alert whose evidence has BREAKER: NO_BREAKER annotates its subject and opens no breaker
+# (an application's Xid is the job's bug, not the GPU's); it is still counted and reported.
+BREAKER = "breaker"
+NO_BREAKER = "none"
+
 # Phases (training.phase values).
 PHASE_LOAD = "load"
 PHASE_TRAIN = "train"
@@ -50,6 +55,9 @@ class Point:
     temperature_c: float | None = None
     ecc_uncorrected: float | None = None  # cumulative count
     xid_errors: float | None = None  # cumulative count
+    xid_reset: float | None = None  # cumulative count of reset-class Xids (core/xid.py)
+    xid_severe: float | None = None  # cumulative count of unknown (severe) Xids
+    xid_last: float | None = None  # code of the latest Xid
     extra: dict[str, float] = field(default_factory=dict)  # other metrics for anomaly bands
 
 
