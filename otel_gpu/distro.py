@@ -135,5 +135,7 @@ def _start_node_agent(meter_provider: Any, agent_settings: Any) -> Any:
     # watch that tree, so sibling ranks' host memory and CPU are covered too.
     # (TORCHELASTIC_RUN_ID is set by torchrun's agent; a stray LOCAL_RANK in a shell is not.)
     roots = [os.getppid()] if os.environ.get("TORCHELASTIC_RUN_ID") else None
-    trainer = InProcessTrainer(progress.current_phase, progress.current_step, request_stop)
+    trainer = InProcessTrainer(
+        progress.current_phase, progress.current_step, request_stop, progress.numbers_since
+    )
     return start_in_process(meter_provider, agent_settings, roots, trainer)

@@ -12,6 +12,7 @@ this agent already watches (from ``otel_gpu.breaker.state``) and leaves them to 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import threading
@@ -31,6 +32,7 @@ from otel_gpu.core.signals import (
     ALERTS,
     BREAKER_STATE,
     DETECTOR_OUTPUTS,
+    JOB,
     LEAK_RATE,
     TIME_TO_EXHAUSTION,
     Signal,
@@ -40,7 +42,7 @@ from otel_gpu.detect.breaker import STATE_VALUES, Breaker, BreakerConfig, Transi
 from otel_gpu.detect.engine import DetectConfig, Engine
 from otel_gpu.detect.lost import GpuSeen, GpuUser, LostGpus
 from otel_gpu.detect.model import LEAK, Alert, Point
-from otel_gpu.detect.subject import SUBJECT_NAME
+from otel_gpu.detect.subject import SUBJECT_NAME, local_name, subject_attributes
 from otel_gpu.sampling.snapshot import STATUS_FAILED, Snapshot
 
 log = logging.getLogger("otel_gpu.watchdog")
@@ -81,6 +83,11 @@ class InProcessTrainer:
     phase: Callable[[], str | None] = lambda: None
     step: Callable[[], float | None] = lambda: None
     request_stop: Callable[[str], bool] | None = None
+    # cursor -> (new cursor, [(cursor, step, loss, grad norm), ...]): the numbers logged per
+    # step since the cursor (tracing/progress.numbers_since), for the numerics detector
+    numbers: (
+        Callable[[int], tuple[int, list[tuple[int, int, float | None, float | None]]]] | None
+    ) = None
 
 
 class Watchdog:
@@ -97,6 +104,8 @@ class Watchdog:
         host_memory: int | None = None,
         start_ticks: Callable[[int], int | None] | None = None,
         proc_root: str = "/proc",
+        numbers: Callable[[int], tuple[int, list[tuple[int, int, float | None, float | None]]]]
+        | None = None,
     ) -> None:
         self.engine = engine
         self.breaker = breaker
@@ -128,6 +137,11 @@ class Watchdog:
         self._lost = LostGpus()
         self._proc_root = proc_root
         self._ranks: dict[int, int | None] = {}  # pid -> RANK from its environment, read once
+        # the trainer's loss and gradient norm per step (in-process only): subject job:<pid>
+        self._numbers = numbers
+        self._numbers_seq = 0
+        self._numbers_live = False
+        self._job = local_name(JOB, None, os.getpid())
 
     @classmethod
     def build(
@@ -160,6 +174,7 @@ class Watchdog:
             Breaker(settings.breaker),
             phase=phase,
             step=trainer.step,
+            numbers=trainer.numbers,
             host_memory=psutil.virtual_memory().total,
             start_ticks=lambda pid: read_start_ticks(pid, proc_root),
             proc_root=proc_root,
@@ -177,9 +192,8 @@ class Watchdog:
         seen: set[str] = set()
         transitions: list[Transition] = []
         judged: list[tuple[str, Point]] = []
-        for subject, point, attrs in snapshot_points(
-            snap, self._phase(), self._step(), self._host_memory
-        ):
+        points = snapshot_points(snap, self._phase(), self._step(), self._host_memory)
+        for subject, point, attrs in itertools.chain(points, self._numbers_points(snap)):
             seen.add(subject)
             judged.append((subject, point))
             with self._lock:
@@ -207,6 +221,26 @@ class Watchdog:
             self._states = {s: self.breaker.state(s) for s in self._attrs}
         for listener in self.sweep_listeners:
             listener(snap, judged)
+
+    def _numbers_points(self, snap: Snapshot) -> Iterator[tuple[str, Point, dict[str, Any]]]:
+        """The trainer's loss and gradient norm of each step logged since the last sweep, as
+        points of the job's subject (one per step: the detector counts steps, not sweeps)."""
+        if self._numbers is None:
+            return
+        self._numbers_seq, found = self._numbers(self._numbers_seq)
+        if not found and not self._numbers_live:
+            return
+        self._numbers_live = True  # from now on seen every sweep, so its state is kept
+        attrs = dict(subject_attributes(JOB, None, os.getpid()))
+        phase = self._phase()
+        if not found:
+            yield self._job, Point(snap.time, phase=phase), attrs
+        for _seq, step, loss, grad in found:
+            yield (
+                self._job,
+                Point(snap.time, step=step, loss=loss, grad_norm=grad, phase=phase),
+                attrs,
+            )
 
     def _users(self, snap: Snapshot) -> dict[str, list[GpuUser]]:
         """The processes on each GPU this sweep, with their ranks where their environment

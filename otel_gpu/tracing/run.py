@@ -207,7 +207,9 @@ class RunTracer:
         self._flush_step()
 
     def step_values(self, step: int, values: Mapping[str, Any]) -> None:
-        """Numbers logged for ``step`` (strings are ignored)."""
+        """Numbers logged for ``step`` (strings are ignored); the loss and gradient norm also
+        go to the numerics detector (progress.set_numbers), NaN included."""
+        progress.set_numbers(step, values)
         if self._step_n == step:
             self._step_attrs.update(numeric_attributes(values))
 
