@@ -34,7 +34,7 @@ from typing import Any
 from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr-defined]
 
 from otel_gpu.core.errors import UsageError
-from otel_gpu.core.job_identity import ensure_instance_id
+from otel_gpu.core.job_identity import ensure_job_id
 from otel_gpu.tracing import context
 from otel_gpu.tracing.settings import TracingSettings
 
@@ -104,7 +104,7 @@ def configure(
     context.ensure_run_context(os.environ)
     # The job's id, chosen here unless a wrapper or the user gave one, so the processes this
     # one starts report it too (a launcher's ranks, a trainer's workers).
-    ensure_instance_id(os.environ)
+    ensure_job_id(os.environ)
     if role == context.LAUNCHER:
         return None
     from otel_gpu.agent.settings import Settings
