@@ -34,7 +34,7 @@ from typing import Any
 from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr-defined]
 
 from otel_gpu.core.errors import UsageError
-from otel_gpu.core.job_identity import ensure_instance_id
+from otel_gpu.core.job_identity import ensure_job_id
 from otel_gpu.tracing import context
 from otel_gpu.tracing.settings import TracingSettings, off_line
 
@@ -103,7 +103,7 @@ def configure(
     context.ensure_run_context(os.environ)
     # The job's id, chosen here unless a wrapper or the user gave one, so the processes this
     # one starts report it too (a launcher's ranks, a trainer's workers).
-    ensure_instance_id(os.environ)
+    ensure_job_id(os.environ)
     if role == context.LAUNCHER:
         _flight_recorder_for_ranks()
         return None
@@ -161,7 +161,9 @@ def _start_node_agent(meter_provider: Any, agent_settings: Any, detection: Any =
     # watch that tree, so sibling ranks' host memory and CPU are covered too.
     # (TORCHELASTIC_RUN_ID is set by torchrun's agent; a stray LOCAL_RANK in a shell is not.)
     roots = [os.getppid()] if os.environ.get("TORCHELASTIC_RUN_ID") else None
-    trainer = InProcessTrainer(progress.current_phase, progress.current_step, request_stop)
+    trainer = InProcessTrainer(
+        progress.current_phase, progress.current_step, request_stop, progress.numbers_since
+    )
     return start_in_process(meter_provider, agent_settings, roots, trainer, detection)
 
 

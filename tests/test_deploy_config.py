@@ -42,7 +42,7 @@ def test_prometheus_config_and_rules_check_outside_the_container() -> None:
     promtool = binary("promtool", "prometheus")
     res = _run(promtool, "check", "config", str(PROMETHEUS_DIR / "prometheus.yml"))
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "SUCCESS: 11 rules found" in res.stdout
+    assert "SUCCESS: 13 rules found" in res.stdout
 
 
 # -- Grafana dashboards: structure, and names that hold behind the Collector too ---------------
@@ -311,14 +311,15 @@ print(json.dumps(dict(build_resource(None, cmd, None, env).attributes), default=
 def test_the_gateway_keeps_each_job_on_one_processor_replica() -> None:
     """The gateway hashes the attributes that name a job (never process.pid), all of them on
     a real agent resource, and none outside the processor's own job key: one job, one key."""
-    from otel_gpu.processor.decode import IDENTITY_KEYS
+    from otel_gpu.processor.decode import IDENTITY_KEYS, JOB_ID_KEY
 
     gateway = _collector("otelcol-gateway.yaml")
     balancer = gateway["exporters"]["load_balancing/otel-gpu"]
     assert balancer["routing_key"] == "attributes"
     keys = balancer["routing_attributes"]
-    assert "service.instance.id" in keys and "process.pid" not in keys
-    assert set(keys) <= set(IDENTITY_KEYS) - {"process.pid"}
+    assert "otel_gpu.job.id" in keys  # the job key (issue 22.1)
+    assert "service.instance.id" not in keys and "process.pid" not in keys  # per process
+    assert set(keys) <= (set(IDENTITY_KEYS) | {JOB_ID_KEY}) - {"process.pid"}
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update(OTEL_RESOURCE_ATTRIBUTES="service.namespace=ml-team", PYTHONPATH=str(ROOT))
     res = subprocess.run(

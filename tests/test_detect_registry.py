@@ -18,6 +18,7 @@ from otel_gpu.detect.detector import Detector
 from otel_gpu.detect.engine import ALERT_KINDS, DETECTORS
 from otel_gpu.detect.leak import LeakDetector
 from otel_gpu.detect.model import Point
+from otel_gpu.detect.numerics import NumericsDetector
 from otel_gpu.detect.settings import DetectConfig
 from otel_gpu.detect.stall import StallDetector
 from otel_gpu.detect.threshold import AnomalyDetector, ThresholdDetector
@@ -72,6 +73,7 @@ SCENARIOS = {
     StallDetector: lambda: generate("stall_idle", seed=1, interval_s=60.0).points,
     ThresholdDetector: _rules,
     AnomalyDetector: _anomaly,
+    NumericsDetector: lambda: [Point(1.0, step=1.0, loss=float("nan"))],
 }
 CONFIG = DetectConfig(anomaly_metrics=("loss",))
 

@@ -79,7 +79,11 @@ def test_the_reason_names_the_condition_and_the_breaker_state() -> None:
     readiness = Readiness(ReadinessConfig(), BREAKER)
     readiness.observe(_snap(0, xids=(79,)))
     ok, reason = readiness.verdict()
-    assert not ok and reason == f"not ready: GPU {UUID}: Xid 79 (needs a reset); breaker open"
+    assert (
+        not ok
+        and reason
+        == f"not ready: GPU {UUID}: Xid 79 (needs a reset: drain / reset the GPU); breaker open"
+    )
     readiness.observe(_snap(12))
     assert readiness.verdict()[1].endswith("breaker on probation (half-open)")
     transitions = readiness.observe(_snap(40))

@@ -1,5 +1,6 @@
-"""One ``service.instance.id`` per job, shared by its processes, so the fleet gateway keeps a job
-on one processor replica and the processor joins the trainer's phase with the wrapper's GPUs.
+"""One ``service.instance.id`` per process and one ``otel_gpu.job.id`` per job, shared by its
+processes, so the fleet gateway keeps a job on one processor replica and the processor joins the
+trainer's phase with the wrapper's GPUs (issue 22.1).
 
 Real processes: ``otel-gpu run`` around an ``opentelemetry-instrument``-ed trainer (which also
 forks a worker, as a DataLoader does), both exporting over the SDK's OTLP gRPC exporter to a
@@ -25,7 +26,7 @@ from otel_gpu.core.job_identity import (
     RESOURCE_ATTRIBUTES_ENV,
     SERVICE_NAME_ENV,
     default_service_name,
-    ensure_instance_id,
+    ensure_job_id,
     given_service_name,
     resource_attributes,
 )
@@ -49,6 +50,7 @@ print(json.dumps(out))
 """
 
 ID = "service.instance.id"
+JOB = "otel_gpu.job.id"
 
 # (OTEL_RESOURCE_ATTRIBUTES as the user set it, the id they gave)
 GIVEN = [
@@ -61,8 +63,8 @@ GIVEN = [
     ("oops,team=ml", None),  # a malformed item stays as it was: the SDK skips it, as before
     ("team=a%2Cb", None),  # an encoded comma stays encoded
     (f"{ID}=", None),  # an empty value is no id
-    (f"{ID}=mine", "mine"),
-    (f"team=ml, {ID} = sft%2Frun-7", "sft/run-7"),  # spaces and percent-encoding, as the SDK
+    (f"{JOB}=mine", "mine"),
+    (f"team=ml, {JOB} = sft%2Frun-7", "sft/run-7"),  # spaces and percent-encoding, as the SDK
 ]
 
 
@@ -81,7 +83,7 @@ def test_the_id_is_added_to_what_the_user_set_and_theirs_is_kept() -> None:
     ids = []
     for raw, given in GIVEN:
         env = {} if raw is None else {RESOURCE_ATTRIBUTES_ENV: raw}
-        ids.append(ensure_instance_id(env))
+        ids.append(ensure_job_id(env))
         after.append(env[RESOURCE_ATTRIBUTES_ENV])
         if given is not None:
             assert ids[-1] == given and after[-1] == raw  # untouched
@@ -92,7 +94,7 @@ def test_the_id_is_added_to_what_the_user_set_and_theirs_is_kept() -> None:
     sdk_after = _sdk_reads(after)
     for (raw, _given), before, now, new_id in zip(GIVEN, sdk_before, sdk_after, ids, strict=True):
         # The SDK reads the same attributes, with the job's id.
-        assert now == {**before, ID: new_id}, raw
+        assert now == {**before, JOB: new_id}, raw
         # And this module reads OTEL_RESOURCE_ATTRIBUTES as the SDK does.
         assert resource_attributes({RESOURCE_ATTRIBUTES_ENV: raw or ""}) == before, raw
     assert len(set(ids)) == len(ids)  # a new id each time, or the one given
@@ -161,7 +163,7 @@ with otel_gpu.phase("train"):
     if worker == 0:
         resource = trace.get_tracer_provider().resource.attributes
         with open(sys.argv[1], "w") as f:
-            f.write(resource["service.instance.id"])
+            f.write(resource["otel_gpu.job.id"] + " " + resource["service.instance.id"])
         os._exit(0)
     os.waitpid(worker, 0)
     time.sleep(2.0)  # training.phase / training.step exported a few times
@@ -208,9 +210,10 @@ def _routing_keys() -> list[str]:
 
 
 def _one_job(found: dict[str, list[tuple[dict[str, Any], bytes]]]) -> str:
-    """Every reporter names the same job (to the processor and to the gateway); its id."""
+    """Every reporter names the same job (to the processor and to the gateway), each process
+    with its own instance id unless the user gave one; the job's id."""
     everything = [entry for entries in found.values() for entry in entries]
-    assert len({r[ID] for r, _raw in everything}) == 1
+    assert len({r[JOB] for r, _raw in everything}) == 1
     gpu, trainer = found["gpu"][0], found["training"][0]
     assert "process.pid" not in gpu[0] and isinstance(trainer[0]["process.pid"], int)
     jobs = {resource_info(raw).job for _r, raw in everything}
@@ -218,7 +221,7 @@ def _one_job(found: dict[str, list[tuple[dict[str, Any], bytes]]]) -> str:
     assert resource_info(gpu[1]).label != resource_info(trainer[1]).label  # two processes
     keys = _routing_keys()
     assert len({tuple(r.get(k) for k in keys) for r, _raw in everything}) == 1  # one replica
-    return str(gpu[0][ID])
+    return str(gpu[0][JOB])
 
 
 @pytest.mark.process
@@ -230,8 +233,13 @@ def test_the_wrapper_and_the_instrumented_trainer_report_one_job(tmp_path: Path)
         found = _reporters(sink)
     job_id = _one_job(found)
     assert uuid.UUID(job_id).version == 4
-    assert res.stdout.splitlines()[0] == f"{ID}={job_id}"  # handed to the job's environment
-    assert worker_id.read_text() == job_id  # the forked worker kept it (the SDK alone: a new one)
+    assert res.stdout.splitlines()[0] == f"{JOB}={job_id}"  # handed to the job's environment
+    # one instance per process: the wrapper's and the trainer's differ, neither is the job's
+    gpu_id, trainer_id = found["gpu"][0][0][ID], found["training"][0][0][ID]
+    assert len({gpu_id, trainer_id, job_id}) == 3 and uuid.UUID(trainer_id).version == 4
+    assert found["spans"][0][0][ID] == trainer_id
+    # the forked worker keeps the job and its parent's instance (the SDK alone: a new one)
+    assert worker_id.read_text() == f"{job_id} {trainer_id}"
     assert found["gpu"][0][0]["service.name"] == found["spans"][0][0]["service.name"]
 
     # Another run is another job, even with a malformed OTEL_RESOURCE_ATTRIBUTES, kept as it was.
@@ -242,9 +250,9 @@ def test_the_wrapper_and_the_instrumented_trainer_report_one_job(tmp_path: Path)
         assert res.returncode == 0, res.stderr[-3000:]
         wrapper = [attrs(rm.resource.attributes) for _p, r in sink.metric_requests
                    for rm in r.resource_metrics]  # fmt: skip
-    other_id = wrapper[0][ID]
+    other_id = wrapper[0][JOB]
     assert other_id != job_id and uuid.UUID(other_id).version == 4
-    assert res.stdout.strip() == f"team=ml,oops,{ID}={other_id}"
+    assert res.stdout.strip() == f"team=ml,oops,{JOB}={other_id}"
     assert wrapper[0]["team"] == "ml"
 
 
@@ -260,8 +268,10 @@ def test_a_user_given_id_is_kept_by_the_wrapper_and_the_trainer(
                    OTEL_RESOURCE_ATTRIBUTES=given)  # fmt: skip
         assert res.returncode == 0, res.stderr[-3000:]
         found = _reporters(sink)
-    assert _one_job(found) == "sft/run-7"
-    assert res.stdout.splitlines()[0] == given  # not rewritten
+    assert _one_job(found) == "sft/run-7"  # a given instance id still names the job
+    assert res.stdout.splitlines()[0] == f"{given},{JOB}=sft%2Frun-7"  # kept, the key added
+    # the given instance id is inherited: the user's choice, kept
+    assert {r[ID] for entries in found.values() for r, _ in entries} == {"sft/run-7"}
     assert {r["service.namespace"] for entries in found.values() for r, _ in entries} == {"ml-team"}
     if flag:  # --service-name names the trainer's service too
         assert {r["service.name"] for entries in found.values() for r, _ in entries} == {"sft"}
@@ -271,7 +281,7 @@ def test_a_user_given_id_is_kept_by_the_wrapper_and_the_trainer(
 PARENT = """
 import os, subprocess, sys
 from opentelemetry import trace
-print(trace.get_tracer_provider().resource.attributes["service.instance.id"])
+print(trace.get_tracer_provider().resource.attributes["otel_gpu.job.id"])
 subprocess.run([sys.executable, "-c", "import os; print(os.environ['OTEL_RESOURCE_ATTRIBUTES'])"])
 """
 
@@ -289,4 +299,4 @@ def test_an_instrumented_process_hands_its_id_to_the_processes_it_starts(tmp_pat
     assert res.returncode == 0, res.stderr[-3000:]
     parent_id, child_env = res.stdout.splitlines()
     assert uuid.UUID(parent_id).version == 4
-    assert child_env == f"team=ml,{ID}={parent_id}"
+    assert child_env == f"team=ml,{JOB}={parent_id}"

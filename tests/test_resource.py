@@ -298,6 +298,7 @@ def test_torchrun_and_slurm_environment() -> None:
     }
     assert dict(JobResourceDetector(env=env).detect().attributes) == {
         "service.instance.id": instance_id(env),  # none given: this process's
+        "otel_gpu.job.id": instance_id(env),  # no job named: a job of one process
         "otel_gpu.job.rank": 5,
         "otel_gpu.job.local_rank": 1,
         "otel_gpu.job.world_size": 8,

@@ -157,7 +157,7 @@ def test_sidecar_in_a_pid_namespace(pod: tuple[Pod, OtlpSink, FakeNvml]) -> None
     code, reason = wait_until(
         "503 on Xid 79", lambda: (r := _get(p.url + "/readyz"))[0] == 503 and r
     )  # type: ignore[misc]
-    assert "Xid 79 (needs a reset)" in reason
+    assert "Xid 79 (needs a reset: drain / reset the GPU)" in reason
     wait_until("ready after probation", lambda: _get(p.url + "/readyz")[0] == 200)
     fake.write(SCENARIO)
 

@@ -50,6 +50,7 @@ def make_source(settings: Settings, visible_devices: str | None = None) -> Devic
         call_timeout_s=settings.nvml_timeout_s,
         library_path=settings.nvml_library,
         visible_devices=visible_devices,
+        kernel_log=settings.kernel_log,
     )
 
 
@@ -102,6 +103,7 @@ class Agent:
                     simulate_speed=settings.simulate_speed,
                     nvml_timeout_s=settings.nvml_timeout_s,
                     nvml_library=settings.nvml_library,
+                    kernel_log=settings.kernel_log,
                     visible_devices=visible_devices,
                     proc_root=settings.proc_root,
                     max_processes=settings.max_processes,

@@ -324,6 +324,12 @@ INSTRUMENTS: tuple[Instrument, ...] = (
     Instrument(sig.GPU_STATUS, _status),
     _gpu_series(sig.GPU_XID_LAST, ("xid_last", {})),
     _gpu_series(
+        sig.GPU_XID,
+        ("xid_application", {sig.XID_CLASS: "application"}),
+        ("xid_reset", {sig.XID_CLASS: "reset"}),
+        ("xid_severe", {sig.XID_CLASS: "severe"}),
+    ),
+    _gpu_series(
         sig.GPU_CLOCK,
         ("clock_sm_hz", {sig.CLOCK_DOMAIN: "sm"}),
         ("clock_mem_hz", {sig.CLOCK_DOMAIN: "memory"}),

@@ -87,6 +87,18 @@ def _nvml_library(raw: object, source: str) -> str:
     return lib
 
 
+def _kernel_log(raw: object, source: str) -> str | None:
+    path = str(raw).strip()
+    if path.lower() in ("none", "off", ""):
+        return None
+    if not os.path.isabs(path):
+        raise UsageError(
+            f"{source}={path} is a relative path: give the absolute path of the kernel log "
+            "(/dev/kmsg), or none to read Xids from NVML only"
+        )
+    return path
+
+
 # Every agent setting, declared once (README "CLI reference" and "Settings" list them; a test
 # checks the tables against these). Fields of Settings, in its order.
 DECLARED = (
@@ -135,6 +147,11 @@ DECLARED = (
     Setting(
         "nvml_library", "OTEL_GPU_NVML_LIBRARY", _nvml_library,
         "absolute path of `libnvidia-ml.so.1` to load (a relative or missing path is refused)",
+    ),
+    Setting(
+        "kernel_log", "OTEL_GPU_KERNEL_LOG", _kernel_log,
+        "where Xids are also read from the kernel log (`none`: off); without read access "
+        "(CAP_SYSLOG or `kernel.dmesg_restrict=0`) it is off with one log line", "/dev/kmsg",
     ),
     Setting(
         "max_processes", "OTEL_GPU_MAX_PROCESSES",
@@ -234,6 +251,7 @@ class Settings:
     export_timeout_s: float = 3.0  # per export, retries included
     nvml_timeout_s: float = 2.0  # deadline for one NVML call
     nvml_library: str | None = None  # absolute path of libnvidia-ml.so.1 to load
+    kernel_log: str | None = "/dev/kmsg"  # Xids from the kernel log too (None: off)
     max_processes: int = 256  # processes tracked per sweep; the rest are counted as dropped
     proc_root: str = "/proc"
     detect: bool = True  # run the detection engine in the agent

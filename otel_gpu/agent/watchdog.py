@@ -11,6 +11,8 @@ this agent already watches (from ``otel_gpu.breaker.state``) and leaves them to 
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import logging
 import os
 import threading
@@ -30,6 +32,7 @@ from otel_gpu.core.signals import (
     ALERTS,
     BREAKER_STATE,
     DETECTOR_OUTPUTS,
+    JOB,
     LEAK_RATE,
     TIME_TO_EXHAUSTION,
     Signal,
@@ -44,9 +47,10 @@ from otel_gpu.detect.breaker import (
     Transition,
 )
 from otel_gpu.detect.engine import DetectConfig, Engine
+from otel_gpu.detect.lost import GpuSeen, GpuUser, LostGpus
 from otel_gpu.detect.model import LEAK, Alert, Point
-from otel_gpu.detect.subject import SUBJECT_NAME
-from otel_gpu.sampling.snapshot import Snapshot
+from otel_gpu.detect.subject import SUBJECT_NAME, local_name, subject_attributes
+from otel_gpu.sampling.snapshot import STATUS_FAILED, Snapshot
 
 log = logging.getLogger("otel_gpu.watchdog")
 
@@ -92,6 +96,11 @@ class InProcessTrainer:
     phase: Callable[[], str | None] = lambda: None
     step: Callable[[], float | None] = lambda: None
     request_stop: Callable[[str], bool] | None = None
+    # cursor -> (new cursor, [(cursor, step, loss, grad norm), ...]): the numbers logged per
+    # step since the cursor (tracing/progress.numbers_since), for the numerics detector
+    numbers: (
+        Callable[[int], tuple[int, list[tuple[int, int, float | None, float | None]]]] | None
+    ) = None
 
 
 class Watchdog:
@@ -107,6 +116,9 @@ class Watchdog:
         step: Callable[[], float | None] = lambda: None,
         host_memory: int | None = None,
         start_ticks: Callable[[int], int | None] | None = None,
+        proc_root: str = "/proc",
+        numbers: Callable[[int], tuple[int, list[tuple[int, int, float | None, float | None]]]]
+        | None = None,
     ) -> None:
         self.engine = engine
         self.breaker = breaker
@@ -136,6 +148,15 @@ class Watchdog:
         # Alerts of the kinds a diagnoser is registered for wait here (with the transitions of
         # their subject) until their diagnosis is attached; see agent/diagnosis.py.
         self.diagnosis: DiagnosisQueue | None = None
+        # GPUs that fall off (device count drop, UUID gone, GPU_IS_LOST): job-level alerts
+        self._lost = LostGpus()
+        self._proc_root = proc_root
+        self._ranks: dict[int, int | None] = {}  # pid -> RANK from its environment, read once
+        # the trainer's loss and gradient norm per step (in-process only): subject job:<pid>
+        self._numbers = numbers
+        self._numbers_seq = 0
+        self._numbers_live = False
+        self._job = local_name(JOB, None, os.getpid())
 
     @classmethod
     def build(
@@ -168,8 +189,10 @@ class Watchdog:
             Breaker(settings.breaker),
             phase=phase,
             step=trainer.step,
+            numbers=trainer.numbers,
             host_memory=psutil.virtual_memory().total,
             start_ticks=lambda pid: read_start_ticks(pid, proc_root),
+            proc_root=proc_root,
         )
         stopper = JobStopper(
             watchdog.verified_trainers,
@@ -188,20 +211,23 @@ class Watchdog:
         seen: set[str] = set()
         transitions: list[Transition] = []
         judged: list[tuple[str, Point]] = []
-        for subject, point, attrs in snapshot_points(
-            snap, self._phase(), self._step(), self._host_memory
-        ):
+        points = snapshot_points(snap, self._phase(), self._step(), self._host_memory)
+        for subject, point, attrs in itertools.chain(points, self._numbers_points(snap)):
             seen.add(subject)
             judged.append((subject, point))
             with self._lock:
                 self._attrs[subject] = attrs
-            for alert in self.engine.observe(subject, point):
+            for found in self.engine.observe(subject, point):
+                alert = self._annotated(found, snap)
                 caused = self.breaker.record_alert(alert)
                 if self.diagnosis is not None and self.diagnosis.takes(alert):
                     self.diagnosis.submit(alert, caused)
                     continue
                 self._on_alert(alert)
                 transitions.extend(caused)
+        for alert in self._lost_gpus(snap):
+            transitions.extend(self.breaker.record_alert(alert))
+            self._on_alert(alert)
         self._forget_absent(seen)
         transitions.extend(self.breaker.advance_all(snap.time, self.engine.active_kinds))
         for t in transitions:
@@ -214,6 +240,62 @@ class Watchdog:
             self._states = {s: self.breaker.state(s) for s in self._attrs}
         for listener in self.sweep_listeners:
             listener(snap, judged)
+
+    def _numbers_points(self, snap: Snapshot) -> Iterator[tuple[str, Point, dict[str, Any]]]:
+        """The trainer's loss and gradient norm of each step logged since the last sweep, as
+        points of the job's subject (one per step: the detector counts steps, not sweeps)."""
+        if self._numbers is None:
+            return
+        self._numbers_seq, found = self._numbers(self._numbers_seq)
+        if not found and not self._numbers_live:
+            return
+        self._numbers_live = True  # from now on seen every sweep, so its state is kept
+        attrs = dict(subject_attributes(JOB, None, os.getpid()))
+        phase = self._phase()
+        if not found:
+            yield self._job, Point(snap.time, phase=phase), attrs
+        for _seq, step, loss, grad in found:
+            yield (
+                self._job,
+                Point(snap.time, step=step, loss=loss, grad_norm=grad, phase=phase),
+                attrs,
+            )
+
+    def _users(self, snap: Snapshot) -> dict[str, list[GpuUser]]:
+        """The processes on each GPU this sweep, with their ranks where their environment
+        names one (read once per PID, on the sampler thread)."""
+        names = {p.pid: p.executable_name for p in snap.processes}
+        out: dict[str, list[GpuUser]] = {}
+        for gp in snap.gpu_processes:
+            pid = snap.host_to_local.get(gp.pid, gp.pid)
+            if pid not in self._ranks:
+                if len(self._ranks) > 4096:
+                    self._ranks.clear()
+                self._ranks[pid] = read_rank(pid, self._proc_root)
+            out.setdefault(gp.gpu_uuid, []).append(GpuUser(pid, self._ranks[pid], names.get(pid)))
+        return out
+
+    def _lost_gpus(self, snap: Snapshot) -> list[Alert]:
+        seen = [
+            GpuSeen(g.uuid, g.index, g.status == STATUS_FAILED, g.xid_last)
+            for g in snap.gpus
+            if g.parent is None
+        ]
+        answers = snap.no_gpu_reason is None or snap.no_gpu_reason == "NVML reports no GPU"
+        return self._lost.observe(snap.time, seen, self._users(snap), nvml_answers=answers)
+
+    def _annotated(self, alert: Alert, snap: Snapshot) -> Alert:
+        """An application's Xid names the processes it belongs to (those on that GPU)."""
+        if alert.evidence.get("xid_class") != "application" or not alert.subject.startswith("gpu:"):
+            return alert
+        users = self._users(snap).get(alert.subject[len("gpu:") :], [])
+        if not users:
+            return alert
+        evidence = {**alert.evidence, "pids": ",".join(str(u.pid) for u in users)}
+        who = ", ".join(str(u) for u in users[:8])
+        return dataclasses.replace(
+            alert, message=f"{alert.message} (processes on it: {who})", evidence=evidence
+        )
 
     def _live_leaks(self) -> dict[str, tuple[float, float | None]]:
         """The current rate and time to exhaustion of every active leak (a leak is only active
@@ -367,3 +449,22 @@ class Watchdog:
             self.diagnosis.close()
         if self.dispatcher is not None:
             self.dispatcher.close(timeout_s)
+
+
+def read_rank(pid: int, proc_root: str = "/proc") -> int | None:
+    """``RANK`` from a process's environment (torchrun, SLURM via ``SLURM_PROCID``), or None
+    where it names none or cannot be read (another user's process)."""
+    try:
+        with open(f"{proc_root}/{pid}/environ", "rb") as f:
+            raw = f.read(256 * 1024)
+    except OSError:
+        return None
+    found: dict[bytes, bytes] = {}
+    for item in raw.split(b"\0"):
+        key, _, value = item.partition(b"=")
+        if key in (b"RANK", b"SLURM_PROCID"):
+            found[key] = value
+    for key in (b"RANK", b"SLURM_PROCID"):
+        if key in found and found[key].isdigit() and len(found[key]) < 9:
+            return int(found[key])
+    return None

@@ -22,7 +22,7 @@ from otel_gpu.core.errors import UsageError
 from otel_gpu.core.job_identity import (
     SERVICE_NAME_ENV,
     default_service_name,
-    ensure_instance_id,
+    ensure_job_id,
     given_service_name,
 )
 from otel_gpu.core.runtime_dir import RUNTIME_DIR_ENV, runtime_dir
@@ -112,11 +112,11 @@ def run(args: argparse.Namespace) -> int:
 
 def shared_identity(env: dict[str, str], service_name: str) -> dict[str, str]:
     """``env`` (the job's) with the identity the wrapper reports itself: its
-    ``service.instance.id`` (one per run, unless the user gave one) and, unless the user named
-    the job's service some other way, its service name. The trainer then reports the same
-    job, so the processor joins its training.phase with these GPUs and the fleet gateway sends
-    both to one replica."""
-    ensure_instance_id(env)
+    ``otel_gpu.job.id`` (one per run, unless the user gave one) and, unless the user named the
+    job's service some other way, its service name. The trainer then reports the same job
+    (each process with its own ``service.instance.id``), so the processor joins its
+    training.phase with these GPUs and the fleet gateway sends both to one replica."""
+    ensure_job_id(env)
     if service_name != given_service_name(env):
         env[SERVICE_NAME_ENV] = service_name
     return env

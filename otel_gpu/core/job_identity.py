@@ -1,17 +1,23 @@
-"""One ``service.instance.id`` per job, shared by every process of the job.
+"""One ``service.instance.id`` per process, one ``otel_gpu.job.id`` per job.
 
-A fleet gateway keeps a job's series on one processor replica by hashing the resource
-attributes that name the job (``collector-config/otelcol-gateway.yaml``), and the processor joins
-a trainer's ``training.phase`` with the GPUs an agent process beside it reports only when both
-resources name the same job. So the wrapper (``otel-gpu run``), the instrumented trainer, its
-child processes and its forked DataLoader workers must all report the same id.
+The semantic conventions ask for one ``service.instance.id`` per process ("we do not recommend
+using one identifier for all processes participating in the application"): every rank of a job
+then keeps its own Prometheus ``instance`` and ``target_info``, so same-named series of two
+ranks never collide in a backend that drops the other resource attributes. Each process gets
+its own UUID4 (:func:`instance_id`), unless the user gave one.
 
-The id travels in ``OTEL_RESOURCE_ATTRIBUTES``, the variable every OpenTelemetry SDK reads:
-:func:`ensure_instance_id` appends ``service.instance.id=<UUID4>`` there unless the user already
-gave one (theirs always wins). ``otel-gpu run`` does it for the job's environment, and the
-distro does it in an instrumented process without a wrapper, so the processes it starts
-inherit the id too. ``watch`` and ``sidecar`` get one id per agent process
-(:func:`instance_id`).
+The job is carried in its own attribute, ``otel_gpu.job.id``: the fleet gateway routes on it
+(``collector-config/otelcol-gateway.yaml``) so a job's series reach one processor replica, and
+the processor joins a trainer's ``training.phase`` with the GPUs an agent process beside it
+reports when both name the same job. The wrapper (``otel-gpu run``), the instrumented trainer,
+its child processes and its forked DataLoader workers all report the same job id.
+
+The job id travels in ``OTEL_RESOURCE_ATTRIBUTES``, the variable every OpenTelemetry SDK reads:
+:func:`ensure_job_id` appends ``otel_gpu.job.id=<UUID4>`` there unless one is there already (the
+user's always wins; a ``service.instance.id`` the user gave names the job too, as before this
+attribute existed). ``otel-gpu run`` does it for the job's environment, and the distro does it
+in an instrumented process without a wrapper (the first instrumented process of the job), so
+the processes it starts inherit it.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ RESOURCE_ATTRIBUTES_ENV = "OTEL_RESOURCE_ATTRIBUTES"
 SERVICE_NAME_ENV = "OTEL_SERVICE_NAME"
 SERVICE_INSTANCE_ID = "service.instance.id"
 SERVICE_NAME = "service.name"
+JOB_ID = "otel_gpu.job.id"
 
 _lock = threading.Lock()
 _process_id: str | None = None
@@ -59,19 +66,33 @@ def given_service_name(env: Mapping[str, str]) -> str | None:
     )
 
 
-def ensure_instance_id(env: MutableMapping[str, str]) -> str:
-    """The job's id in ``env``, first appended to its ``OTEL_RESOURCE_ATTRIBUTES`` (a new
-    UUID4) when none is there.
+def given_job_id(env: Mapping[str, str]) -> str | None:
+    """The job's id ``env`` names: ``otel_gpu.job.id`` in ``OTEL_RESOURCE_ATTRIBUTES``, else a
+    ``service.instance.id`` the user gave there (it named the job before); None if neither."""
+    attrs = resource_attributes(env)
+    return attrs.get(JOB_ID) or attrs.get(SERVICE_INSTANCE_ID) or None
+
+
+def job_id(env: Mapping[str, str]) -> str:
+    """The job's id: the one ``env`` names, else this process's instance id (a job of one)."""
+    return given_job_id(env) or instance_id(env)
+
+
+def ensure_job_id(env: MutableMapping[str, str]) -> str:
+    """The job's id in ``env``, first appended to its ``OTEL_RESOURCE_ATTRIBUTES`` as
+    ``otel_gpu.job.id`` when none is there: the ``service.instance.id`` the user gave there,
+    else a new UUID4.
 
     What was there is kept as written, malformed items included: the id is appended after a
     comma (none doubled), percent-encoded as the specification asks of values.
     """
-    given = given_instance_id(env)
-    if given is not None:
+    attrs = resource_attributes(env)
+    given = attrs.get(JOB_ID)
+    if given:
         return given
-    new = str(uuid.uuid4())
+    new = attrs.get(SERVICE_INSTANCE_ID) or str(uuid.uuid4())
     existing = env.get(RESOURCE_ATTRIBUTES_ENV, "").rstrip()
-    item = f"{SERVICE_INSTANCE_ID}={quote(new, safe='')}"
+    item = f"{JOB_ID}={quote(new, safe='')}"
     if not existing.strip():
         env[RESOURCE_ATTRIBUTES_ENV] = item
     elif existing.endswith(","):
@@ -82,9 +103,10 @@ def ensure_instance_id(env: MutableMapping[str, str]) -> str:
 
 
 def instance_id(env: Mapping[str, str]) -> str:
-    """The id ``env`` gives, else one UUID4 for this process, chosen on first use.
+    """This process's ``service.instance.id``: the one ``env`` gives, else one UUID4 for this
+    process, chosen on first use (a child process started with ``env`` chooses its own).
 
-    Not regenerated in a forked child: a DataLoader worker is part of its parent's job.
+    Not regenerated in a forked child: a DataLoader worker reports nothing of its own.
     """
     given = given_instance_id(env)
     if given is not None:

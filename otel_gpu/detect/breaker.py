@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from otel_gpu.core.settings import Setting, number, resolve
-from otel_gpu.detect.model import Alert, alert_from_dict
+from otel_gpu.detect.model import BREAKER, NO_BREAKER, Alert, alert_from_dict
 
 CLOSED = "closed"
 OPEN = "open"
@@ -159,6 +159,8 @@ class Breaker:
         """
         if not math.isfinite(alert.time):
             return []  # no place in time: cannot be judged
+        if alert.evidence.get(BREAKER) == NO_BREAKER:
+            return []  # an annotation (an application's Xid): the subject is not at fault
         s = self._subjects.setdefault(alert.subject, _Subject())
         out = self._advance(alert.subject, s, alert.time)
         t = max(alert.time, s.last_time)

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from otel_gpu.detect.detector import Condition, Detector
 from otel_gpu.detect.floor import FloorTrend
 from otel_gpu.detect.leak import LeakDetector
-from otel_gpu.detect.model import NUMERIC_FIELDS, Alert, Point
+from otel_gpu.detect.model import NUMERIC_FIELDS, RAW_FIELDS, Alert, Point
+from otel_gpu.detect.numerics import NumericsDetector
 from otel_gpu.detect.settings import DetectConfig
 from otel_gpu.detect.stall import StallDetector
 from otel_gpu.detect.threshold import AnomalyDetector, ThresholdDetector
@@ -36,6 +37,7 @@ DETECTORS: tuple[type[Detector], ...] = (
     StallDetector,
     ThresholdDetector,
     AnomalyDetector,
+    NumericsDetector,
 )
 # Every alert kind the registered detectors raise, in their order: the kinds an alert may stop
 # the job for (OTEL_GPU_STOP_KINDS, actions/settings.py).
@@ -93,6 +95,9 @@ class Engine:
             + (point.temperature_c or 0.0)
             + (point.ecc_uncorrected or 0.0)
             + (point.xid_errors or 0.0)
+            + (point.xid_reset or 0.0)
+            + (point.xid_severe or 0.0)
+            + (point.xid_last or 0.0)
         ):
             point = _sanitized(point)
 
@@ -134,7 +139,11 @@ class Engine:
 def _sanitized(p: Point) -> Point:
     """A copy of ``p`` with its NaN and infinite values set to None (the rare slow path; a
     sum of finite values can overflow too, and then the copy is equal to ``p``)."""
-    bad = [n for n in NUMERIC_FIELDS if (v := getattr(p, n)) is not None and not math.isfinite(v)]
+    bad = [
+        n
+        for n in NUMERIC_FIELDS
+        if n not in RAW_FIELDS and (v := getattr(p, n)) is not None and not math.isfinite(v)
+    ]
     values = {name: getattr(p, name) for name in Point.__dataclass_fields__}
     for name in bad:
         values[name] = None

@@ -14,9 +14,16 @@ STALL = "stall"
 THRESHOLD = "threshold"
 ANOMALY = "anomaly"
 HARDWARE = "hardware"
+# Training numerics: NaN or infinite loss, exploding loss, vanishing or exploding gradients.
+NUMERICS = "numerics"
 # A GPU process the job started that is still holding GPU memory after the job ended (raised
 # by the wrapper at the job's end, not by the engine: agent/leftovers.py).
 ORPHAN = "orphan"
+
+# An alert whose evidence has BREAKER: NO_BREAKER annotates its subject and opens no breaker
+# (an application's Xid is the job's bug, not the GPU's); it is still counted and reported.
+BREAKER = "breaker"
+NO_BREAKER = "none"
 
 # Phases (training.phase values).
 PHASE_LOAD = "load"
@@ -79,6 +86,13 @@ class Point:
     temperature_c: float | None = None
     ecc_uncorrected: float | None = None  # cumulative count
     xid_errors: float | None = None  # cumulative count
+    xid_reset: float | None = None  # cumulative count of reset-class Xids (core/xid.py)
+    xid_severe: float | None = None  # cumulative count of unknown (severe) Xids
+    xid_last: float | None = None  # code of the latest Xid
+    # The trainer's loss and gradient norm at ``step`` (numerics detector). NaN and infinities
+    # are kept here (they are the finding), unlike in every other field.
+    loss: float | None = None
+    grad_norm: float | None = None
     extra: dict[str, float] = field(default_factory=dict)  # other metrics for anomaly bands
 
 
@@ -113,6 +127,8 @@ def _numeric_fields() -> tuple[str, ...]:
 # the CSV columns of `otel-gpu analyze`, read off Point itself so that a new field cannot be left
 # out of either.
 NUMERIC_FIELDS = _numeric_fields()
+# Numeric fields whose NaN and infinities are values, not "unknown" (the engine keeps them).
+RAW_FIELDS = ("loss", "grad_norm")
 
 
 @dataclass(frozen=True, slots=True)

@@ -189,6 +189,28 @@ class DetectConfig:
         "values seen before a metric can alert",
     )  # fmt: skip
 
+    # --- numerics: the trainer's loss and gradient norm ---------------------------------------
+    numerics_enabled: bool = _declare(True, boolean, "run the training numerics detector")
+    numerics_window: int = _declare(
+        50, number(3, integer=True, accepted="expected an integer >= 3"),
+        "recent finite losses whose median a new loss is compared with",
+    )  # fmt: skip
+    numerics_loss_factor: float = _declare(
+        10.0,
+        number(1, low_open=True, accepted="expected a number > 1"),
+        "a loss above this many times its recent median (3 steps in a row) is exploding",
+    )
+    numerics_grad_vanish: float = _declare(
+        1e-6, _POSITIVE, "a gradient norm below this is vanishing"
+    )
+    numerics_grad_explode: float = _declare(
+        1e4, _POSITIVE, "a gradient norm above this is exploding"
+    )
+    numerics_steps: int = _declare(
+        10, number(1, integer=True, accepted="expected an integer >= 1"),
+        "consecutive steps a gradient norm must vanish or explode for",
+    )  # fmt: skip
+
     def __post_init__(self) -> None:
         self.validate()
 

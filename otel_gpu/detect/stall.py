@@ -161,6 +161,8 @@ class StallDetector:
     def observe(self, subject: str, p: Point) -> Sequence[Alert]:
         """Feed one point; the stall alert when a stall becomes certain here."""
         t = p.time
+        if p.util is None and p.power_w is None and (p.loss is not None or p.grad_norm is not None):
+            return NO_ALERTS  # the trainer's numbers (numerics.py): no activity evidence here
         if (
             p.util is None
             and p.power_w is None

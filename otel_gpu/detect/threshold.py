@@ -12,8 +12,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from otel_gpu.core import xid
 from otel_gpu.detect.detector import NO_ALERTS, Condition
-from otel_gpu.detect.model import ANOMALY, HARDWARE, THRESHOLD, Alert, Point
+from otel_gpu.detect.model import (
+    ANOMALY,
+    BREAKER,
+    HARDWARE,
+    NO_BREAKER,
+    THRESHOLD,
+    Alert,
+    Point,
+)
 from otel_gpu.detect.settings import DetectConfig
 
 
@@ -26,6 +35,8 @@ class Finding:
     value: float
     limit: float | None = None
     metric: str | None = None
+    xid_class: str | None = None  # an Xid's class (otel_gpu/core/xid.py)
+    xid_code: int | None = None
 
 
 class ThresholdDetector:
@@ -33,7 +44,10 @@ class ThresholdDetector:
     (one subject's rules, a detector.Detector)."""
 
     KINDS: ClassVar[tuple[str, ...]] = (THRESHOLD, HARDWARE)
-    __slots__ = ("cfg", "mem_base", "mem_alerted", "temp_alerted", "ecc", "xid", "since")
+    __slots__ = (
+        "cfg", "mem_base", "mem_alerted", "temp_alerted", "ecc", "xid", "xid_reset",
+        "xid_severe", "since",
+    )  # fmt: skip
 
     def __init__(self, cfg: DetectConfig) -> None:
         self.cfg = cfg
@@ -43,6 +57,8 @@ class ThresholdDetector:
         self.temp_alerted = False
         self.ecc: float | None = None
         self.xid: float | None = None
+        self.xid_reset: float | None = None
+        self.xid_severe: float | None = None
 
     @classmethod
     def enabled(cls, cfg: DetectConfig) -> bool:
@@ -58,6 +74,7 @@ class ThresholdDetector:
             and p.temperature_c is None
             and p.ecc_uncorrected is None
             and p.xid_errors is None
+            and p.xid_reset is None
         ):
             return NO_ALERTS  # nothing any rule here reads (a process's memory without its limit)
         out: list[Finding] = []
@@ -75,15 +92,35 @@ class ThresholdDetector:
                 out.append(
                     Finding("ecc", f"{ecc:g} new uncorrected ECC error(s)", p.ecc_uncorrected or 0)
                 )
-            self.xid, xid = _counter(self.xid, p.xid_errors)
-            if xid:
-                out.append(Finding("xid", f"{xid:g} new Xid error(s)", p.xid_errors or 0))
+            out.extend(self._xids(p))
         if not out:
             return NO_ALERTS
         alerts = [rule_alert(subject, p, f) for f in out]
         if any(a.kind == THRESHOLD for a in alerts):
             self.since = p.time
         return alerts
+
+    def _xids(self, p: Point) -> list[Finding]:
+        """New Xids by class: the application's annotate, reset-class and unknown ones are the
+        GPU's fault. Without per-class counts (older reporters, CSV traces) every new Xid is
+        judged by the latest code, or as severe when that is unknown too."""
+        self.xid, total = _counter(self.xid, p.xid_errors)
+        self.xid_reset, reset = _counter(self.xid_reset, p.xid_reset)
+        self.xid_severe, severe = _counter(self.xid_severe, p.xid_severe)
+        last = None if p.xid_last is None else int(p.xid_last)
+        if p.xid_reset is None and p.xid_severe is None:
+            if not total:
+                return []
+            cls = xid.SEVERE if last is None else xid.classify(last).cls
+            return [_xid_finding(cls, total, last, p)]
+        out = []
+        for cls, n in ((xid.RESET, reset), (xid.SEVERE, severe)):
+            if n:
+                out.append(_xid_finding(cls, n, last, p))
+        application = total - reset - severe
+        if application > 0 and not out:
+            out.append(_xid_finding(xid.APPLICATION, application, last, p))
+        return out
 
     def _memory(self, p: Point) -> Finding | None:
         used, limit = p.used_bytes, p.limit_bytes
@@ -127,6 +164,19 @@ class ThresholdDetector:
             temp,
             cfg.temperature_limit_c,
         )
+
+
+def _xid_finding(cls: str, n: float, last: int | None, p: Point) -> Finding:
+    """One class's new Xids; the latest code names them when it is of that class."""
+    code = last if last is not None and xid.classify(last).cls == cls else None
+    what = f"{n:g} new Xid error(s)"
+    if code is not None:
+        entry = xid.classify(code)
+        name = "" if entry.mnemonic == "unknown" else f" ({entry.mnemonic})"
+        what = f"Xid {code}{name}" + (f" and {n - 1:g} more of its class" if n > 1 else "")
+    return Finding(
+        "xid", f"{what}: {xid.ACTION[cls]}", p.xid_errors or n, xid_class=cls, xid_code=code
+    )
 
 
 def _counter(prev: float | None, value: float | None) -> tuple[float | None, float]:
@@ -205,7 +255,9 @@ class AnomalyDetector:
 
 def rule_alert(subject: str, p: Point, f: Finding) -> Alert:
     """The alert for a rule that started holding at point ``p``."""
-    if f.kind in ("ecc", "xid"):
+    if f.kind == "xid" and f.xid_class == xid.APPLICATION:
+        kind, severity = HARDWARE, "warning"
+    elif f.kind in ("ecc", "xid"):
         kind, severity = HARDWARE, "critical"
     elif f.kind == "anomaly":
         kind, severity = ANOMALY, "warning"
@@ -217,6 +269,13 @@ def rule_alert(subject: str, p: Point, f: Finding) -> Alert:
         evidence["limit"] = f.limit
     if f.metric is not None:
         evidence["metric"] = f.metric
+    if f.xid_class is not None:
+        evidence["xid_class"] = f.xid_class
+        evidence["action"] = xid.ACTION[f.xid_class]
+        if f.xid_code is not None:
+            evidence["xid"] = f.xid_code
+        if f.xid_class == xid.APPLICATION:
+            evidence[BREAKER] = NO_BREAKER
     return Alert(
         kind=kind,
         subject=subject,

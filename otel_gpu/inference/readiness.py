@@ -3,7 +3,8 @@
 A replica is not ready while a *serving-fatal* condition holds on one of its subjects:
 
 * a GPU the pod was given is lost (NVML reports it failed: fallen off the bus, reset required);
-* an Xid that needs a GPU reset arrived (:data:`DEFAULT_FATAL_XIDS`, ``OTEL_GPU_READY_XIDS``);
+* an Xid that needs a GPU reset arrived (:data:`DEFAULT_FATAL_XIDS`, ``OTEL_GPU_READY_XIDS``),
+  or one NVIDIA's catalog does not know;
 * a memory leak projected to exhaust memory within ``OTEL_GPU_READY_EXHAUSTION`` seconds;
 * a serving stall (requests waiting while the GPUs idle; :mod:`otel_gpu.inference.serving`).
 
@@ -20,16 +21,18 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from otel_gpu.core import xid
 from otel_gpu.core.errors import UsageError
 from otel_gpu.core.settings import Setting, number, resolve
 from otel_gpu.detect.breaker import CLOSED, OPEN, Breaker, BreakerConfig, Transition
 from otel_gpu.detect.model import HARDWARE, LEAK, Alert
 from otel_gpu.sampling.snapshot import STATUS_FAILED, Snapshot
 
-# Xids after which NVIDIA's documentation says the GPU needs a reset (or the node a reboot):
-# 48 double-bit ECC error, 74 NVLink error, 79 GPU has fallen off the bus, 94/95 contained /
-# uncontained ECC error, 119/120 GSP RPC timeout / GSP error, 140 unrecovered ECC error.
-DEFAULT_FATAL_XIDS = frozenset({48, 74, 79, 94, 95, 119, 120, 140})
+# The reset-class Xids of NVIDIA's catalog and DCGM's fatal list (otel_gpu/core/xid.py): 48
+# double-bit ECC error, 74 NVLink error, 79 GPU has fallen off the bus, 94/95 contained /
+# uncontained ECC error, 119/120 GSP RPC timeout / GSP error, 140 unrecovered ECC error, ...
+# A code the catalog does not know is fatal too, unless the list is `none`.
+DEFAULT_FATAL_XIDS = xid.RESET_CODES
 XIDS_ENV = "OTEL_GPU_READY_XIDS"
 EXHAUSTION_ENV = "OTEL_GPU_READY_EXHAUSTION"
 DEFAULT_EXHAUSTION_S = 900.0  # a leak with less time than this to exhaustion is fatal
@@ -110,12 +113,20 @@ class Readiness:
             subject = f"gpu:{gpu.uuid}"
             if gpu.status == STATUS_FAILED:
                 self._record(_hardware(subject, snap.time, f"GPU {gpu.uuid} is lost", "lost"))
-            fatal = [x for x in gpu.xid_codes if x in self.config.fatal_xids]
+            listed = self.config.fatal_xids
+            fatal = [
+                x
+                for x in gpu.xid_codes
+                if x in listed or (listed and xid.classify(x).cls == xid.SEVERE)
+            ]
             if fatal:
                 codes = ", ".join(str(x) for x in fatal)
                 self._record(
                     _hardware(
-                        subject, snap.time, f"GPU {gpu.uuid}: Xid {codes} (needs a reset)", "xid"
+                        subject,
+                        snap.time,
+                        f"GPU {gpu.uuid}: Xid {codes} (needs a reset: drain / reset the GPU)",
+                        "xid",
                     )
                 )
         for alert in serving:

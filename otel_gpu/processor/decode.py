@@ -96,6 +96,8 @@ COUNTED = frozenset(
 )
 _SELECT_KEYS = frozenset(r.key for r in ROUTES.values() if r.key is not None)
 
+# The resource attribute naming the job a reporter belongs to (core/job_identity.py).
+JOB_ID_KEY = "otel_gpu.job.id"
 # Resource attributes that identify a reporter, in the order they appear in subject names.
 IDENTITY_KEYS = (
     "service.namespace",
@@ -124,8 +126,9 @@ class ResourceInfo:
 
     label: str
     attrs: tuple[tuple[str, str | int], ...]
-    # The job the reporter belongs to: the label without process.pid, so the phase and step a
-    # trainer process reports also apply to the GPUs an agent process beside it reports.
+    # The job the reporter belongs to: its otel_gpu.job.id, else the label without process.pid,
+    # so the phase and step a trainer process reports also apply to the GPUs an agent process
+    # beside it reports.
     job: str = ""
 
 
@@ -204,7 +207,12 @@ def resource_info(raw: bytes) -> ResourceInfo:
     except DecodeError:
         res = Resource()
     found: dict[str, str | int] = {}
+    job_id: str | None = None
     for kv in res.attributes:
+        if kv.key == JOB_ID_KEY and job_id is None:
+            v = _any_value(kv.value)
+            if isinstance(v, str) and v:
+                job_id = _cut(v)
         if kv.key in IDENTITY_KEYS and kv.key not in found:
             v = _any_value(kv.value)
             if isinstance(v, (str, int)) and not isinstance(v, bool):
@@ -213,6 +221,10 @@ def resource_info(raw: bytes) -> ResourceInfo:
     if attrs:
         label = ",".join(f"{k}={v}" for k, v in attrs)
         job = ",".join(f"{k}={v}" for k, v in attrs if k != "process.pid") or label
+        if job_id is not None:
+            # The job's key (core/job_identity.py): every process of it, whatever its own
+            # service.instance.id, joins one job here.
+            job = f"{JOB_ID_KEY}={job_id}"
     else:
         # Nothing identifies the reporter: name it by its resource bytes so that two
         # anonymous reporters still get separate subjects.

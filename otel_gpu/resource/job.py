@@ -1,7 +1,7 @@
 """The job a process belongs to and its place in it, from the environment its launcher set.
 
-``service.instance.id`` names the job: one id shared by its processes
-(:mod:`otel_gpu.core.job_identity`).
+``service.instance.id`` names the process, ``otel_gpu.job.id`` the job: one id shared by its
+processes (:mod:`otel_gpu.core.job_identity`).
 torchrun / torch.distributed (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
 ``GROUP_RANK`` or ``NODE_RANK``, ``TORCHELASTIC_RUN_ID``), Slurm (``SLURM_*``) and Kubernetes
 (``POD_NAME`` / ``POD_NAMESPACE`` / ``NODE_NAME`` from the downward API, else ``HOSTNAME`` and
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from opentelemetry.sdk.resources import Resource, ResourceDetector
 from opentelemetry.util.types import AttributeValue
 
-from otel_gpu.core.job_identity import SERVICE_INSTANCE_ID, instance_id
+from otel_gpu.core.job_identity import JOB_ID, SERVICE_INSTANCE_ID, instance_id, job_id
 
 log = logging.getLogger("otel_gpu.resource")
 
@@ -102,7 +102,7 @@ def _k8s_attributes(env: Mapping[str, str], sa_namespace_file: str) -> dict[str,
 
 
 class JobResourceDetector(ResourceDetector):
-    """The job's ``service.instance.id``; rank, local rank, world size, node rank, run id, Slurm
+    """The process's ``service.instance.id`` and the job's ``otel_gpu.job.id``; rank, local rank, world size, node rank, run id, Slurm
     ids and Kubernetes pod identity."""
 
     def __init__(
@@ -120,7 +120,9 @@ class JobResourceDetector(ResourceDetector):
     def detect(self) -> Resource:
         env = os.environ if self.env is None else self.env
         try:
-            return Resource({SERVICE_INSTANCE_ID: instance_id(env), **job_attributes(env)})
+            return Resource(
+                {SERVICE_INSTANCE_ID: instance_id(env), JOB_ID: job_id(env), **job_attributes(env)}
+            )
         except Exception as exc:  # never break the SDK's start-up
             log.warning("job attributes not recorded: %s: %s", type(exc).__name__, exc)
             return Resource.get_empty()

@@ -60,6 +60,7 @@ class SamplerSpec:
     simulate_speed: float = 1.0  # OTEL_GPU_SIMULATE_SPEED: simulated time runs this much faster
     nvml_timeout_s: float = 2.0
     nvml_library: str | None = None
+    kernel_log: str | None = None  # Xids from the kernel log too (/dev/kmsg)
     visible_devices: str | None = None
     proc_root: str = "/proc"
     max_processes: int = 256

@@ -31,9 +31,11 @@ from typing import Any
 
 import pynvml
 
+from otel_gpu.core.xid import CLASSES, XidDedup, classify, normalise_pci
 from otel_gpu.sampling import nvml_api as api
 from otel_gpu.sampling import nvml_devices as devices
 from otel_gpu.sampling import odd_values as odd
+from otel_gpu.sampling.kmsg import KernelLog
 from otel_gpu.sampling.nvml_api import Device, Sweep
 from otel_gpu.sampling.nvml_guard import CallGuard
 from otel_gpu.sampling.snapshot import (
@@ -68,13 +70,16 @@ class NvmlSource:
         process_util_hold_s: float = 2.0,
         slow_period_s: float = api.SLOW_PERIOD_S,
         clock: Callable[[], float] = time.monotonic,
+        kernel_log: str | None = None,
     ) -> None:
         """``call_timeout_s``: deadline of one NVML call; ``sweep_timeout_s`` (default twice
         that): the most :meth:`sample` ever waits. ``slow_period_s``: how often the rarely
         changing metrics (``nvml_api.SLOW``) are read again. ``library_path``: load this
         libnvidia-ml by absolute path instead of the loader's search. ``visible_devices``: a
         ``CUDA_VISIBLE_DEVICES`` value selecting the job's GPUs (None: all). ``clock`` drives
-        the retry schedules (init backoff, lost-GPU probes) and the slow metrics, for tests."""
+        the retry schedules (init backoff, lost-GPU probes) and the slow metrics, for tests.
+        ``kernel_log``: also count the Xids the driver writes there (``/dev/kmsg``; None: off),
+        each event once when NVML reports it too."""
         self._guard = CallGuard(call_timeout_s, sweep_timeout_s or 2 * call_timeout_s)
         self._library_path = library_path
         self._visible = visible_devices
@@ -98,6 +103,9 @@ class NvmlSource:
         self._episodes: dict[tuple[int, str], int] = {}
         self._last_code: int | None = None
         self._xids_logged: set[tuple[int, int]] = set()
+        self._kernel_log = None if kernel_log is None else KernelLog(kernel_log)
+        self._xid_dedup = XidDedup()
+        self._pci: dict[str, str] = {}  # kernel-log bus id -> GPU UUID
         self._odd_logged: set[tuple[int, str]] = set()
         self._refresh_wanted = False  # a MIG reconfiguration was seen: enumerate again
         # NVML errors by name since start (the expected "no new sample" answers left out), for
@@ -141,6 +149,8 @@ class NvmlSource:
             if self._closed:
                 return
             self._closed = True
+            if self._kernel_log is not None:
+                self._kernel_log.close()
             if self._ready and not self._guard.busy:
                 self._guard.run(self._shutdown)
             self._ready = False
@@ -491,6 +501,7 @@ class NvmlSource:
                     dev.probing = False
                     log.info("GPU %s (%s) is readable again", dev.index, dev.uuid)
             self._read_events(sweep)
+            self._read_kernel_log(sweep)
         except api.LibraryGone as gone:
             sweep.library_error = gone.code
 
@@ -546,6 +557,7 @@ class NvmlSource:
                                 dev.active_lists.discard(metric)
         if dev.xid_count is not None:
             out["xid_errors"] = dev.xid_count
+            out.update(_xid_class_fields(dev))
         out["processes_listed"] = False
         if "processes" in off:
             return
@@ -652,13 +664,52 @@ class NvmlSource:
             if data.eventType & api.XID_EVENT:
                 dev = self._by_address.get(ctypes.cast(data.device, ctypes.c_void_p).value or 0)
                 if dev is not None and dev.xid_count is not None:
-                    dev.xid_count += 1
-                    dev.xid_last = int(data.eventData)  # kept, and shown even once it is lost
-                    values = sweep.fields.get(dev.key)
-                    if values is not None and not dev.lost:
-                        values["xid_errors"] = dev.xid_count
-                        # which Xid, for readiness gates that tell fatal codes from benign ones
-                        values["xid_codes"] = (*values.get("xid_codes", ()), int(data.eventData))
+                    self._count_xid(sweep, dev, int(data.eventData))
                     if (dev.index, data.eventData) not in self._xids_logged:  # Xid storms
                         self._xids_logged.add((dev.index, data.eventData))
                         log.warning("GPU %s (%s): Xid %s", dev.index, dev.uuid, data.eventData)
+
+    def _count_xid(self, sweep: Sweep, dev: Device, code: int, source: str = "nvml") -> None:
+        """One Xid event on ``dev`` (from NVML's events or the kernel log), counted once."""
+        if dev.xid_count is None:
+            dev.xid_count = 0  # the kernel log reports Xids where NVML's events are off
+        if not self._xid_dedup.is_new(dev.uuid, code, source, self._clock()):
+            return
+        dev.xid_count += 1
+        cls = classify(code).cls
+        dev.xid_classes[cls] = dev.xid_classes.get(cls, 0) + 1
+        dev.xid_last = code  # kept, and shown even once it is lost
+        values = sweep.fields.get(dev.key)
+        if values is not None and not dev.lost:
+            values["xid_errors"] = dev.xid_count
+            values.update(_xid_class_fields(dev))
+            # which Xid, for readiness gates that tell fatal codes from benign ones
+            values["xid_codes"] = (*values.get("xid_codes", ()), code)
+
+    def _read_kernel_log(self, sweep: Sweep) -> None:
+        if self._kernel_log is None:
+            return
+        found = self._kernel_log.poll()
+        if not found:
+            return
+        by_uuid = {d.uuid: d for d in self._devices if d.parent is None}
+        for dev in by_uuid.values():
+            if dev.uuid not in self._pci.values():
+                info = self._call(dev, "pci", pynvml.nvmlDeviceGetPciInfo, dev.handle)
+                if info is not api.FAILED:
+                    self._pci[normalise_pci(api.text(info.busId))] = dev.uuid
+        for event in found:
+            target = by_uuid.get(self._pci.get(event.pci, ""))
+            if target is None:
+                continue  # a GPU this agent does not watch
+            self._count_xid(sweep, target, event.code, "kmsg")
+            if (target.index, event.code) not in self._xids_logged:
+                self._xids_logged.add((target.index, event.code))
+                log.warning(
+                    "GPU %s (%s): Xid %s (kernel log)", target.index, target.uuid, event.code
+                )
+
+
+def _xid_class_fields(dev: Device) -> dict[str, int]:
+    """The GpuSample fields of a device's Xid counts by class (0 for a class not seen yet)."""
+    return {f"xid_{cls}": dev.xid_classes.get(cls, 0) for cls in CLASSES}

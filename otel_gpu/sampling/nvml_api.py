@@ -291,6 +291,8 @@ class Device:
     probe_at: float = 0.0
     xid_count: int | None = None  # None: Xid events not available on this device
     xid_last: int | None = None  # the code of the last Xid seen (None: none yet)
+    # Xid events by class of the catalog (otel_gpu/core/xid.py), counted with xid_count
+    xid_classes: dict[str, int] = field(default_factory=dict)
     util_seen_us: int = 0  # newest process-utilization sample timestamp seen (NVML µs)
     util_last: dict[int, tuple[float | None, float | None]] = field(default_factory=dict)
     util_at: float = 0.0  # time.monotonic() when util_last was read

@@ -48,6 +48,11 @@ class GpuSample:
     ecc_uncorrected: int | None = None
     xid_errors: int | None = None  # Xid events seen since the agent started
     xid_codes: tuple[int, ...] = ()  # the Xid codes that arrived during this sweep
+    # Xid events since the agent started by class (otel_gpu/core/xid.py), NVML's and the
+    # kernel log's together, each event counted once.
+    xid_application: int | None = None
+    xid_reset: int | None = None
+    xid_severe: int | None = None
     # The code of the last Xid seen on this GPU, in any sweep; still reported once the GPU is
     # lost, as the reason why (Xid 79: fallen off the bus).
     xid_last: int | None = None

@@ -41,6 +41,7 @@ def build_source(spec: SamplerSpec) -> DeviceSource:
         call_timeout_s=spec.nvml_timeout_s,
         library_path=spec.nvml_library,
         visible_devices=spec.visible_devices,
+        kernel_log=spec.kernel_log,
     )
 
 

@@ -81,11 +81,17 @@ PER_STEP_NAMES = ("samples", "tokens")
 _numbers: dict[str, float] = {}
 _per_step: dict[str, float] = {}
 _step_s: float | None = None
+# The numbers the numerics detector judges, (sequence number, step, loss, grad norm) as logged
+# for each step (NaN and infinities kept: they are the finding), read by the in-process agent
+# with a cursor like the step ends.
+NUMBERS = ("loss", "grad_norm")
+_step_numbers: deque[tuple[int, int, float | None, float | None]] = deque(maxlen=STEP_RING)
+_step_numbers_seq = 0
 
 
 def _reset_after_fork() -> None:
     # A forked child is not the owner; it must report nothing (see module docstring).
-    global _step, _step_seq, _step_s
+    global _step, _step_seq, _step_s, _step_numbers_seq
     _step = None
     _phases.clear()
     _step_ends.clear()
@@ -93,6 +99,8 @@ def _reset_after_fork() -> None:
     _numbers.clear()
     _per_step.clear()
     _step_s = None
+    _step_numbers.clear()
+    _step_numbers_seq = 0
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
@@ -146,6 +154,47 @@ def step_ends_since(seq: int) -> tuple[int, list[tuple[int, int, float]]]:
     ends = list(_step_ends)  # one copy: the training thread may append meanwhile
     latest = ends[-1][0] if ends else _step_seq
     return latest, [e for e in ends if e[0] > seq]
+
+
+def _number(value: Any) -> float | None:
+    """A float from a logged value (a Python number or a 0-d CPU tensor), NaN kept; None for
+    anything else (a GPU tensor is never read: ``.item()`` would wait for its stream)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    item = getattr(value, "item", None)
+    if item is None or getattr(value, "ndim", 0) != 0:
+        return None
+    device = getattr(value, "device", None)
+    if device is not None and getattr(device, "type", "cpu") != "cpu":
+        return None
+    try:
+        out = item()
+    except Exception:
+        return None
+    return float(out) if isinstance(out, (int, float)) and not isinstance(out, bool) else None
+
+
+def record_step_numbers(step: int, values: Mapping[str, Any]) -> None:
+    """The loss and gradient norm logged for ``step`` (HF's ``logs``, ``otel_gpu.step``'s
+    keywords), when either is there, for the numerics detector. Never raises."""
+    global _step_numbers_seq
+    try:
+        loss, grad = (_number(values.get(k)) for k in NUMBERS)
+        if loss is None and grad is None:
+            return
+        _step_numbers_seq += 1
+        _step_numbers.append((_step_numbers_seq, int(step), loss, grad))
+    except Exception:  # the job is sacred: a bad value costs us the value, never the step
+        return
+
+
+def numbers_since(seq: int) -> tuple[int, list[tuple[int, int, float | None, float | None]]]:
+    """The latest sequence number and the numbers logged after ``seq`` (oldest first)."""
+    found = list(_step_numbers)  # one copy: the training thread may append meanwhile
+    latest = found[-1][0] if found else _step_numbers_seq
+    return latest, [n for n in found if n[0] > seq]
 
 
 def current_step() -> int | None:

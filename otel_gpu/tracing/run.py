@@ -210,8 +210,10 @@ class RunTracer:
 
     def step_values(self, step: int, values: Mapping[str, Any]) -> None:
         """Numbers logged for ``step`` (strings are ignored); the training numbers among them
-        become metrics (``training.loss``, ...) whatever the step."""
+        become metrics (``training.loss``, ...) whatever the step, and the loss and gradient
+        norm also go to the numerics detector (NaN included)."""
         progress.set_numbers(numeric_attributes(values, prefix=""))
+        progress.record_step_numbers(step, values)
         if self._step_n == step:
             self._step_attrs.update(numeric_attributes(values))
 

@@ -15,6 +15,7 @@ HW_PARENT = "hw.parent"  # the physical GPU of a MIG instance
 HW_STATE = "hw.state"
 GPU_INDEX = "gpu.index"
 GPU_TASK = "hw.gpu.task"  # general, encoder, decoder
+XID_CLASS = "otel_gpu.xid.class"  # application, reset, severe (otel_gpu/core/xid.py)
 ERROR_TYPE = "error.type"  # corrected, uncorrected, xid; an NVML error name on self-metrics
 CLOCK_DOMAIN = "otel_gpu.clock.domain"
 IO_DIRECTION = "network.io.direction"

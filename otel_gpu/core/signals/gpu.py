@@ -52,6 +52,13 @@ GPU_XID_LAST = Signal(
     "Code of the last Xid event seen on the GPU, reported beside hw.status once the GPU is "
     "lost (79: fallen off the bus)",
 )
+GPU_XID = Signal(
+    "otel_gpu.gpu.xid",
+    COUNTER,
+    "{event}",
+    "Xid events seen on the GPU by what they mean (NVIDIA's Xid catalog): application, reset "
+    "or severe",
+)
 GPU_CLOCK = Signal("otel_gpu.gpu.clock.frequency", GAUGE, "Hz", "GPU clock frequencies by domain")
 GPU_PCIE = Signal("otel_gpu.gpu.pcie.throughput", GAUGE, "By/s", "PCIe throughput by direction")
 GPU_THROTTLE = Signal(

@@ -17,6 +17,7 @@ from otel_gpu.core.signals.attributes import (
     PROCESS_GPU,
     PROCESS_RSS,
     TORCH,
+    XID_CLASS,
 )
 from otel_gpu.core.signals.gpu import (
     GPU_ERRORS,
@@ -26,10 +27,18 @@ from otel_gpu.core.signals.gpu import (
     GPU_POWER_LIMIT,
     GPU_TEMPERATURE,
     GPU_UTILIZATION,
+    GPU_XID,
+    GPU_XID_LAST,
 )
 from otel_gpu.core.signals.model import Signal
 from otel_gpu.core.signals.process import PROCESS_GPU_MEMORY, PROCESS_MEMORY
-from otel_gpu.core.signals.training import TORCH_ALLOCATED, TRAINING_PHASE, TRAINING_STEP
+from otel_gpu.core.signals.training import (
+    TORCH_ALLOCATED,
+    TRAINING_GRAD_NORM,
+    TRAINING_LOSS,
+    TRAINING_PHASE,
+    TRAINING_STEP,
+)
 
 # How a feed's points become a Point field.
 VALUE = "value"  # the point's value
@@ -69,12 +78,19 @@ FEEDS: tuple[Feed, ...] = (
     Feed(GPU_TEMPERATURE, GPU, "temperature_c"),
     Feed(GPU_ERRORS, GPU, "ecc_uncorrected", (ERROR_TYPE, ("uncorrected",))),
     Feed(GPU_ERRORS, GPU, "xid_errors", (ERROR_TYPE, ("xid",))),
+    Feed(GPU_XID, GPU, "xid_reset", (XID_CLASS, ("reset",))),
+    Feed(GPU_XID, GPU, "xid_severe", (XID_CLASS, ("severe",))),
+    Feed(GPU_XID_LAST, GPU, "xid_last"),
     Feed(PROCESS_GPU_MEMORY, PROCESS_GPU, "used_bytes"),
     Feed(GPU_MEMORY_LIMIT, PROCESS_GPU, "limit_bytes", how=OF_GPU),
     Feed(PROCESS_MEMORY, PROCESS_RSS, "used_bytes"),
     Feed(TORCH_ALLOCATED, TORCH, "used_bytes"),
     Feed(TRAINING_STEP, JOB, "step"),
     Feed(TRAINING_PHASE, JOB, "phase"),
+    # The numerics detector's (the in-process agent reads them per step, NaN included; the
+    # processor sees the finite values the gauges carry).
+    Feed(TRAINING_LOSS, JOB, "loss"),
+    Feed(TRAINING_GRAD_NORM, JOB, "grad_norm"),
 )
 
 
