@@ -204,9 +204,7 @@ def test_the_leak_alerts_fire_in_prometheus_on_the_processors_output(stack: Stac
     )
     assert {a["metric"]["otel_gpu_subject"] for a in soon} & subjects, soon
     assert (
-        stack.prom.query(
-            'ALERTS{alertname=~"GpuNotHealthy|GpuResetXid|GpuUncorrectedErrors"}'
-        )
+        stack.prom.query('ALERTS{alertname=~"GpuNotHealthy|GpuResetXid|GpuUncorrectedErrors"}')
         == []
     )
     # The alert also went downstream as a log record, beside the job's own data.

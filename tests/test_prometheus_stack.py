@@ -176,9 +176,7 @@ def test_the_alert_rules_fire_on_the_agents_leak_in_prometheus(node: Node) -> No
         f'otel_gpu_alerts_total{{otel_gpu_alert_kind="stall",instance="127.0.0.1:{node.stall_port}"}}'
     ), "the stalled node's breaker opened on something else than a stall"
     # The simulated GPUs are healthy and error-free: those rules stay quiet on the same data.
-    quiet = node.prom.query(
-        'ALERTS{alertname=~"GpuNotHealthy|GpuResetXid|GpuUncorrectedErrors"}'
-    )
+    quiet = node.prom.query('ALERTS{alertname=~"GpuNotHealthy|GpuResetXid|GpuUncorrectedErrors"}')
     assert quiet == []
     # The annotation carries the rate the engine measured (2 GiB/h simulated).
     alert = next(
