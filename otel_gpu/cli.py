@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "otel_gpu.commands.doctor",
     "otel_gpu.commands.analyze",
     "otel_gpu.commands.report",
+    "otel_gpu.commands.diagnose",
     "otel_gpu.commands.processor",
 )
 
