@@ -24,6 +24,7 @@ from otel_gpu.actions.settings import ActionsConfig
 from otel_gpu.actions.stop import start_ticks as read_start_ticks
 from otel_gpu.actions.trainers import Trainers
 from otel_gpu.agent.diagnosis import DiagnosisQueue
+from otel_gpu.agent.memory_diagnosis import MemoryAttribution
 from otel_gpu.agent.points import snapshot_points
 from otel_gpu.core.signals import (
     ALERT_KIND,
@@ -162,7 +163,15 @@ class Watchdog:
             not_the_jobs=watchdog.not_the_jobs,
         )
         watchdog.dispatcher = ActionDispatcher.from_config(settings.actions, stopper=stopper)
+        watchdog.attribute_leaks()
         return watchdog
+
+    def attribute_leaks(self, attribution: MemoryAttribution | None = None) -> None:
+        """Leak alerts wait (bounded) for the holders their process's census names; a
+        suspicion asks that process for its baseline census (agent/memory_diagnosis.py)."""
+        attribution = attribution or MemoryAttribution()
+        self.diagnosis = attribution.queue()
+        self.sweep_listeners.append(lambda _snap, judged: attribution.on_sweep(self.engine, judged))
 
     def on_snapshot(self, snap: Snapshot) -> None:
         self._trainers.update(snap)
