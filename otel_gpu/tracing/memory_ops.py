@@ -18,13 +18,14 @@ from typing import Any
 
 from otel_gpu.core.channel import Handler
 from otel_gpu.core.errors import UsageError
-from otel_gpu.diagnose import census, memory
+from otel_gpu.diagnose import census, host_memory, memory
 from otel_gpu.diagnose.memory_settings import MemorySettings
 from otel_gpu.tracing import inprocess
 
 log = logging.getLogger("otel_gpu.tracing")
 
 OP_CENSUS = "memory.census"
+OP_TRACEMALLOC = "memory.tracemalloc"
 MAX_SAMPLES = 10
 MAX_TOP = 200
 
@@ -79,6 +80,32 @@ def census_handler(settings: MemorySettings) -> Handler:
     return handle
 
 
+def tracemalloc_handler(settings: MemorySettings) -> Handler:
+    """``memory.tracemalloc``: the Python source lines whose allocations grew over ``over_s``
+    (tracing started for the request and stopped after, unless it already ran)."""
+
+    def handle(request: Mapping[str, Any]) -> Mapping[str, Any]:
+        import tracemalloc
+
+        over = _number(request, "over_s", 2.0, 0.0, settings.census_max_over_s)
+        top = int(_number(request, "top", 10, 1, MAX_TOP))
+        ours = host_memory.start()
+        try:
+            before = tracemalloc.take_snapshot()
+            time.sleep(over)
+            after = tracemalloc.take_snapshot()
+        finally:
+            if ours:
+                tracemalloc.stop()
+        return {
+            "pid": os.getpid(),
+            "over_s": over,
+            "lines": host_memory.top_growth(before, after, top),
+        }
+
+    return handle
+
+
 def register(env: Mapping[str, str] | None = None) -> bool:
     """Serve the memory operations (unless turned off); never raises into the job."""
     try:
@@ -89,4 +116,5 @@ def register(env: Mapping[str, str] | None = None) -> bool:
     if not settings.memory_enabled:
         return False
     inprocess.register(OP_CENSUS, census_handler(settings))
+    inprocess.register(OP_TRACEMALLOC, tracemalloc_handler(settings))
     return True
