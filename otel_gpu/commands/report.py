@@ -46,7 +46,11 @@ def run(args: argparse.Namespace) -> int:
 
     detect = load_config(args.config)
     breaker = BreakerConfig.from_env()
+    from otel_gpu.outputs.diagnoses import read as read_diagnoses
+
     runs = [replay_recording(name, read_rows(name), detect, breaker) for name in args.files]
+    for run, name in zip(runs, args.files, strict=True):
+        run.diagnoses = read_diagnoses(name)
     try:
         with open(args.output, "w", encoding="utf-8") as fh:
             fh.write(page(runs))

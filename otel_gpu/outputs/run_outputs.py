@@ -63,6 +63,11 @@ class RunOutputs:
             from otel_gpu.outputs.record import Recorder, open_recording
 
             self.recorder = Recorder(open_recording(args.record))
+        self.diagnoses: Any = None
+        if args.record is not None:
+            from otel_gpu.outputs.diagnoses import DiagnosisLog, sidecar
+
+            self.diagnoses = DiagnosisLog(sidecar(args.record))
         stream = stream if stream is not None else sys.stderr
         is_terminal = bool(getattr(stream, "isatty", lambda: False)())
         self.quiet = bool(args.quiet)
@@ -91,6 +96,8 @@ class RunOutputs:
             sampler.add_listener(self.leftovers.on_snapshot)
         if watchdog is not None:
             watchdog.alert_listeners.append(self.summary.on_alert)
+            if self.diagnoses is not None:
+                watchdog.alert_listeners.append(self.diagnoses.on_alert)
             watchdog.transition_listeners.append(self.summary.on_transition)
 
         def summarise(sweep: Any) -> None:
@@ -155,6 +162,8 @@ class RunOutputs:
         self.view.stop()
         if self.recorder is not None:
             self.recorder.close()
+        if self.diagnoses is not None:
+            self.diagnoses.close()
         data = self.summary.to_dict(
             duration_s=time.monotonic() - self._started,
             exit_code=exit_code,

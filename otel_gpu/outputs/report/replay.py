@@ -43,6 +43,8 @@ class Run:
     summary: dict[str, Any]
     start: float  # data time of the first row
     end: float
+    # the diagnosed alerts kept beside the recording (outputs/diagnoses.py)
+    diagnoses: list[dict[str, Any]] = field(default_factory=list)
 
 
 def replay_recording(
