@@ -4,6 +4,7 @@ baseline first, and the notifier's text shows the top three holders."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 import time
@@ -44,14 +45,23 @@ def _suspect(engine: Engine, subject: str) -> float:
     return t
 
 
-def test_a_leak_alert_on_a_trainer_names_the_growing_holders(runtime_dir: Path) -> None:
+def test_a_leak_alert_on_a_trainer_names_the_growing_holders(
+    runtime_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     attribution = MemoryAttribution(over_s=1.0)
     with running_trainer("leaks", runtime_dir, OTEL_GPU_RUNTIME_DIR=str(runtime_dir)) as proc:
         subject = f"rss:{proc.pid}"
         assert subject_pid(subject) == proc.pid
         engine = Engine()
         t = _suspect(engine, subject)
-        attribution.on_sweep(engine, [(subject, Point(t))])  # the baseline census, in the back
+        with caplog.at_level(logging.INFO, "otel_gpu.agent"):
+            attribution.on_sweep(engine, [(subject, Point(t))])  # the baseline, in the back
+            attribution.on_sweep(engine, [(subject, Point(t))])  # once per suspicion
+        said = [r.getMessage() for r in caplog.records if "leak suspected" in r.getMessage()]
+        assert said == [
+            f"leak suspected on {subject} since t={engine.suspected(subject):g} s: "
+            "attribution started"
+        ]
         time.sleep(3.0)  # the leak goes on between suspicion and alert
         alert = Alert(LEAK, subject, t + 60, "warning", "memory leak suspected: floor rising")
         queue = attribution.queue(timeout_s=60.0)

@@ -70,6 +70,11 @@ class MemoryAttribution:
             if since is None:
                 self._suspected.pop(subject, None)
                 continue
+            if subject not in self._suspected:
+                # the suspicion's visible trace: one log record (logger otel_gpu.agent), no
+                # notification, no breaker
+                log.info("leak suspected on %s since t=%g s: attribution started", subject, since)
+                self._suspected[subject] = -1.0  # seen; its census is asked below when it can be
             pid = subject_pid(subject)
             if pid is None or self._suspected.get(subject) == since:
                 continue
