@@ -101,7 +101,10 @@ class MemoryAttribution:
             return Diagnosis(memory.KIND, (), error="the subject is not one process")
         started = time.monotonic()
         try:
-            reply = self._census(pid, over_s=self.over_s, baseline="last", top=HOLDERS_KEPT)
+            # baseline, now, and over_s later: three censuses within the queue's timeout
+            reply = self._census(
+                pid, over_s=self.over_s, samples=2, baseline="last", top=HOLDERS_KEPT
+            )
         except ChannelError as exc:
             return Diagnosis(
                 memory.KIND, (), took_s=time.monotonic() - started,
