@@ -11,7 +11,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_API = ("current_phase", "current_step", "phase", "request_stop", "step")
+_API = ("MemTracker", "current_phase", "current_step", "phase", "request_stop", "step")
 __all__ = ["__version__", "init", *_API]
 
 

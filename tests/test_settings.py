@@ -160,13 +160,14 @@ def _settings_rows() -> list[dict[str, str]]:
 def _declared() -> list[Setting]:
     from otel_gpu.detect.breaker import DECLARED as BREAKER
     from otel_gpu.detect.settings import DECLARED as DETECT
+    from otel_gpu.diagnose.memory_settings import DECLARED as MEMORY
     from otel_gpu.inference.readiness import DECLARED as READINESS
     from otel_gpu.inference.serving import DECLARED as SERVING
     from otel_gpu.processor.settings import DECLARED as PROCESSOR
 
     return [
         *config.DECLARED, *tracing_settings.DECLARED, *BREAKER, *DETECT, *READINESS, *SERVING,
-        *PROCESSOR,
+        *PROCESSOR, *MEMORY,
     ]  # fmt: skip
 
 
@@ -225,6 +226,8 @@ def _with_objects() -> list[tuple[Setting, object]]:
     from otel_gpu.detect.breaker import BreakerConfig
     from otel_gpu.detect.settings import DECLARED as DETECT
     from otel_gpu.detect.settings import DetectConfig
+    from otel_gpu.diagnose.memory_settings import DECLARED as MEMORY
+    from otel_gpu.diagnose.memory_settings import MemorySettings
     from otel_gpu.inference.readiness import DECLARED as READINESS
     from otel_gpu.inference.readiness import ReadinessConfig
     from otel_gpu.inference.serving import DECLARED as SERVING
@@ -240,6 +243,7 @@ def _with_objects() -> list[tuple[Setting, object]]:
         *((s, ReadinessConfig()) for s in READINESS),
         *((s, ServingConfig()) for s in SERVING),
         *((s, ProcessorConfig()) for s in PROCESSOR),
+        *((s, MemorySettings()) for s in MEMORY),
     ]
 
 

@@ -111,6 +111,11 @@ TRAINER = textwrap.dedent(
     progress.set_step(3)
     progress.set_numbers({"loss": 1.5, "lr": 1e-4, "grad_norm": 2.0, "samples": 8, "tokens": 64})
     progress.push_phase("train")
+    from opentelemetry import metrics
+    from otel_gpu import MemTracker
+    metrics.set_meter_provider(provider)  # MemTracker's gauges go to the global provider
+    tracker = MemTracker(interval_ms=50).start()
+    tracker.stop()
     out = {}
     for rm in reader.get_metrics_data().resource_metrics:
         for sm in rm.scope_metrics:

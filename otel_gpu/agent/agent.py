@@ -151,13 +151,12 @@ class Agent:
             self.watchdog is not None
             and settings.stall_diagnosis
             and roots
-            and getattr(self.watchdog, "diagnosis", True) is None
+            and hasattr(self.watchdog, "diagnosis_queue")
         ):
-            from otel_gpu.agent.diagnosis import DiagnosisQueue
             from otel_gpu.agent.stall_diagnosis import StallDiagnoser
             from otel_gpu.detect.model import STALL
 
-            self.watchdog.diagnosis = DiagnosisQueue({STALL: StallDiagnoser(roots)})
+            self.watchdog.diagnosis_queue().register(STALL, StallDiagnoser(roots))
         if self.watchdog is not None:
             self.sampler.add_listener(self.watchdog.on_snapshot)
             if meter_provider is not None:

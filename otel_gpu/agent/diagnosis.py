@@ -59,6 +59,7 @@ class DiagnosisQueue:
         executor: ThreadPoolExecutor | None = None,
     ) -> None:
         self._diagnosers = dict(diagnosers)
+        self._takes: dict[str, Callable[[Alert], bool]] = {}
         self.timeout_s = timeout_s
         self._clock = clock
         self._executor = executor or ThreadPoolExecutor(2, thread_name_prefix="otel-gpu-diagnose")
@@ -66,8 +67,20 @@ class DiagnosisQueue:
         # The sampler thread feeds and releases; close() (on a shutdown thread) releases too.
         self._lock = threading.Lock()
 
+    def register(
+        self, kind: str, diagnose: Diagnose, takes: Callable[[Alert], bool] | None = None
+    ) -> None:
+        """Diagnose ``kind``'s alerts (only those ``takes`` accepts, when given): one queue for
+        every concern (leaks, stalls), so their alerts keep one order."""
+        self._diagnosers[kind] = diagnose
+        if takes is not None:
+            self._takes[kind] = takes
+
     def takes(self, alert: Alert) -> bool:
-        return alert.kind in self._diagnosers
+        if alert.kind not in self._diagnosers:
+            return False
+        accepts = self._takes.get(alert.kind)
+        return accepts is None or accepts(alert)
 
     def holds(self, subject: str) -> bool:
         with self._lock:

@@ -26,6 +26,7 @@ from otel_gpu.actions.settings import ActionsConfig
 from otel_gpu.actions.stop import start_ticks as read_start_ticks
 from otel_gpu.actions.trainers import Trainers
 from otel_gpu.agent.diagnosis import DiagnosisQueue
+from otel_gpu.agent.memory_diagnosis import MemoryAttribution
 from otel_gpu.agent.points import snapshot_points
 from otel_gpu.core.signals import (
     ALERT_KIND,
@@ -204,7 +205,22 @@ class Watchdog:
             stopper=stopper,
             source=f"job {settings.service}" if settings.service else "",
         )
+        watchdog.attribute_leaks()
         return watchdog
+
+    def diagnosis_queue(self) -> DiagnosisQueue:
+        """The watchdog's one diagnosis queue (made on first use); each concern registers its
+        alert kinds on it."""
+        if self.diagnosis is None:
+            self.diagnosis = DiagnosisQueue({})
+        return self.diagnosis
+
+    def attribute_leaks(self, attribution: MemoryAttribution | None = None) -> None:
+        """Leak alerts wait (bounded) for the holders their process's census names; a
+        suspicion asks that process for its baseline census (agent/memory_diagnosis.py)."""
+        attribution = attribution or MemoryAttribution()
+        attribution.attach(self.diagnosis_queue())
+        self.sweep_listeners.append(lambda _snap, judged: attribution.on_sweep(self.engine, judged))
 
     def on_snapshot(self, snap: Snapshot) -> None:
         self._trainers.update(snap)

@@ -219,3 +219,23 @@ def request(path: str, op: str, timeout_s: float = 5.0, **args: Any) -> dict[str
     if "error" in reply:
         raise ChannelError(str(reply["error"]))
     return reply
+
+
+def process_socket(pid: int) -> str:
+    """Where process ``pid`` serves its channel: ``proc-<pid>.sock`` in the runtime directory
+    its environment names (``/proc/<pid>/environ``, readable by the same user only), else in
+    this process's own runtime directory (docs/inprocess.md, "Discovery")."""
+    from otel_gpu.core.runtime_dir import RUNTIME_DIR_ENV, runtime_dir
+
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read(1 << 20).split(b"\0")
+    except OSError:
+        environ = []
+    prefix = RUNTIME_DIR_ENV.encode() + b"="
+    for entry in environ:
+        if entry.startswith(prefix):
+            directory = os.fsdecode(entry[len(prefix) :]).strip()
+            if os.path.isabs(directory):
+                return socket_path(directory, pid)
+    return socket_path(runtime_dir(), pid)

@@ -119,6 +119,18 @@ class Engine:
                 return d.trend()
         return None
 
+    def suspected(self, subject: str) -> float | None:
+        """The data time a standing leak suspicion of ``subject`` began (None: none stands).
+        A suspicion notifies nobody and moves no breaker (detect/suspect.py): callers start
+        attribution on it and show it."""
+        state = self._subjects.get(subject)
+        if state is None:
+            return None
+        for d in state.detectors:
+            if isinstance(d, LeakDetector):
+                return d.suspected()
+        return None
+
     def conditions(self, subject: str) -> list[Condition]:
         """The conditions active for ``subject`` after its latest point (none if unknown)."""
         state = self._subjects.get(subject)

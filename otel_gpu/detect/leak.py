@@ -61,11 +61,13 @@ from otel_gpu.detect.model import (
     canonical_phase,
 )
 from otel_gpu.detect.settings import DetectConfig
+from otel_gpu.detect.suspect import Cusum, threshold
 
 WINDOWS = (16, 32)
 _SKIP_PHASES = frozenset((PHASE_LOAD, PHASE_EVALUATE, PHASE_SAVE))
 # A window this many times longer than the candidate may veto it as saturating.
 _VETO_SPAN = 4.0
+SUSPECT_LEVELS = 3  # the finest levels a suspicion CUSUM watches
 
 
 class LeakDetector:
@@ -86,6 +88,9 @@ class LeakDetector:
         "exhaust_at",
         "tracked",
         "_trend",
+        "suspects",
+        "suspected_at",
+        "_relaxed",
     )
 
     def __init__(self, cfg: DetectConfig) -> None:
@@ -101,6 +106,25 @@ class LeakDetector:
         self.exhaust_at: float | None = None  # data time the limit is reached at that rate
         self.tracked = False  # the active leak was re-estimated at this point already
         self._trend: tuple[tuple[int, float], FloorTrend | None] | None = None
+        # The suspicion stage (suspect.py): one CUSUM per finer level (a sawtooth's floor is
+        # noisy per minute but clear per 16 minutes); none when turned off.
+        self.suspects: tuple[Cusum, ...] = ()
+        if cfg.leak_suspect_enabled:
+            self.suspects = tuple(
+                Cusum(
+                    threshold(cfg.leak_suspect_per_day / SUSPECT_LEVELS, level.width),
+                    cfg.leak_noise_floor_bytes,
+                    cfg.leak_min_rate_bytes_per_s * level.width,
+                )
+                for level in self.levels[:SUSPECT_LEVELS]
+            )
+        self.suspected_at: float | None = None  # data time of the latest suspicion's start
+        # The trend tests while a suspicion stands: a second, independent piece of evidence
+        # lets a shorter, less significant window confirm.
+        self._relaxed = cfg.replace(
+            leak_min_z=min(cfg.leak_min_z, cfg.leak_suspect_min_z),
+            leak_min_steps=min(cfg.leak_min_steps, cfg.leak_suspect_min_steps),
+        )
 
     @classmethod
     def enabled(cls, cfg: DetectConfig) -> bool:
@@ -124,7 +148,25 @@ class LeakDetector:
             self._trend = (key, floor_trend(self.levels))
         return self._trend[1]
 
+    def suspected(self) -> float | None:
+        """The data time the standing suspicion began (None: none stands)."""
+        standing = [c.since for c in self.suspects if c.since is not None]
+        return min(standing) if standing else None
+
+    def _tests(self) -> DetectConfig:
+        """The trend tests' settings now: relaxed while a suspicion stands."""
+        return self._relaxed if self.suspected() is not None else self.cfg
+
+    def _min_window(self) -> float:
+        """The shortest window of an ordinary alert: shorter while a suspicion stands."""
+        cfg = self.cfg
+        if self.suspected() is not None:
+            return min(cfg.leak_min_window_s, cfg.leak_suspect_window_s)
+        return cfg.leak_min_window_s
+
     def reset(self) -> None:
+        for c in self.suspects:
+            c.reset()
         for level in self.levels:
             level.clear()
         self.active = False
@@ -183,6 +225,9 @@ class LeakDetector:
                 level.close()
                 closed += 1
         fine.merge(idx, used, t, 1)
+        for level, cusum in zip(levels[:closed], self.suspects, strict=False):
+            if level.last_y is not None and cusum.feed(level.last_t, level.last_y):
+                self.suspected_at = t
 
         finding: LeakFinding | None = None
         self.tracked = False
@@ -218,6 +263,9 @@ class LeakDetector:
 
     def _judge_level(self, level: FloorLevel) -> LeakFinding | None:
         cfg = self.cfg
+        min_window = self._min_window()
+        tests = self._tests()
+        shape_window = min(cfg.leak_min_window_s, self._shortest_window())
         best: LeakFinding | None = None
         for size in WINDOWS:
             env_t, env_y = level.env_t, level.env_y
@@ -228,20 +276,20 @@ class LeakDetector:
             # slower than one bucket (aliasing would otherwise fake a slow rise).
             # Length and end values first: most windows are too short to judge at all.
             length = env_t[-1] - env_t[-size]
-            if length < cfg.leak_min_window_s and not self._may_be_urgent(
+            if length < 0.9 * shape_window and not self._may_be_urgent(
                 length, env_y[-size], env_y[-1]
             ):
                 continue
             ts, ys = envelope(level, size)
-            found, saturating = judge(ts, ys, self.limit, cfg)
-            if length >= 0.9 * cfg.leak_min_window_s:
+            found, saturating = judge(ts, ys, self.limit, tests)
+            if length >= 0.9 * shape_window:
                 # Only windows this long can veto a candidate (see _vetted).
                 level.shapes[size] = WindowShape(length, saturating, ys)
             if self.active and length >= self.active_window:
                 self._track(ts, ys)
             if found is None or best is not None:
                 continue
-            if found.window_s < cfg.leak_min_window_s:
+            if found.window_s < min_window:
                 if (
                     found.eta_s is None
                     or found.eta_s > cfg.leak_urgent_eta_s
@@ -300,6 +348,12 @@ class LeakDetector:
         rise = median(ys[-q:]) - median(ys[:q])
         span = median(ts[-q:]) - median(ts[:q])
         return rise >= self.cfg.leak_min_spread * found.rate * span
+
+    def _shortest_window(self) -> float:
+        """The shortest ordinary window this detector may ever judge."""
+        if not self.suspects:
+            return self.cfg.leak_min_window_s
+        return self.cfg.leak_suspect_window_s
 
     def _may_be_urgent(self, length: float, first: float, last: float) -> bool:
         """Crude rate (last - first) reaches the limit within the urgent horizon."""

@@ -107,6 +107,29 @@ class DetectConfig:
         "... and only from a window at least this long (a filling cache shows its cap by then)",
     )
 
+    leak_suspect_enabled: bool = _declare(
+        True,
+        boolean,
+        "the suspicion stage: a CUSUM on the floor's increments that starts attribution early",
+    )
+    leak_suspect_per_day: float = _declare(
+        0.1,
+        number(1e-6, 1000, accepted="expected a rate between 0.000001 and 1000 per day"),
+        "target false suspicions per subject per day without a leak (sets the CUSUM threshold)",
+    )
+    leak_suspect_window_s: float = _declare(
+        3600.0,
+        _POSITIVE,
+        "while a suspicion stands, the shortest evidence window of an ordinary leak alert",
+    )
+    leak_suspect_min_z: float = _declare(
+        6.0, _POSITIVE, "while a suspicion stands, the slope significance a window needs"
+    )
+    leak_suspect_min_steps: float = _declare(
+        6.0,
+        number(1, accepted="expected a number >= 1"),
+        "while a suspicion stands, the effective steps the growth must come from",
+    )
     # --- stall: memory held while the GPU does no useful work --------------------------------
     stall_enabled: bool = _declare(True, boolean, "run the stall detector")
     stall_window_s: float = _declare(

@@ -1,5 +1,3 @@
-"""Where and why: the logic behind ``otel-gpu diagnose`` and the diagnoses on alerts.
-
-Pure where it can be (parsers, grouping, ranking on plain data), with the I/O at its edges;
-imports :mod:`otel_gpu.core` only (torch lazily). See docs/inprocess.md.
-"""
+"""Where and why: the logic that names what holds leaked memory, where a hang sits, which rank
+never joined (docs/inprocess.md). Pure where it can be, I/O at its edges; imports ``core`` only
+(torch lazily). ``tracing/`` (trainer side) and ``agent/`` (watcher side) call it."""

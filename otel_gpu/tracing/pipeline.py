@@ -47,7 +47,7 @@ from otel_gpu.core.otlp import (
 from otel_gpu.core.redact import COMMAND_REDACTED
 from otel_gpu.core.redact_sdk import RedactingLogProcessor, redact_resource
 from otel_gpu.core.shutdown import close_all
-from otel_gpu.tracing import context, ids, inprocess, progress
+from otel_gpu.tracing import context, ids, inprocess, memory_ops, progress
 
 log = logging.getLogger("otel_gpu.distro")
 
@@ -114,6 +114,7 @@ def build(
     progress.register(meter_provider)
     _hook_torch(meter_provider)
     inprocess.serve()  # what otel-gpu may ask this process (docs/inprocess.md)
+    memory_ops.register()  # memory.census: leak attribution, `otel-gpu diagnose memory`
     atexit.register(shutdown, setup)
     return setup
 

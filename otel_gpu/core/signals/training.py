@@ -54,3 +54,15 @@ TORCH_PEAK = Signal(
     "By",
     "Peak bytes held by live tensors since start or the last peak reset.",
 )
+MEMTRACKER_USED = Signal(
+    "otel_gpu.memtracker.used",
+    GAUGE,
+    "By",
+    "Memory a MemTracker saw at its last sample (allocator bytes, or RSS on CPU builds).",
+)
+MEMTRACKER_PEAK = Signal(
+    "otel_gpu.memtracker.peak",
+    GAUGE,
+    "By",
+    "The highest memory a MemTracker sampled since it started.",
+)

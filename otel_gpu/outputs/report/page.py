@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from otel_gpu.core import units
+from otel_gpu.diagnose import memory
 from otel_gpu.outputs.report.plots import activity_figure, memory_figure, to_svg, training_figure
 from otel_gpu.outputs.report.replay import Run
 
@@ -110,6 +111,37 @@ def context_table(run: Run) -> str:
     return f'<table class="context">{shown}</table>'
 
 
+def memory_table(run: Run) -> str:
+    """ "Where the memory went": the holders the leak alerts' diagnoses named."""
+    labels = {s.subject: s.label for s in run.series.values()}
+    rows = []
+    for e in run.diagnoses:
+        d = e["diagnosis"]
+        if d.get("kind") != "memory":
+            continue
+        subject = str(e.get("subject", ""))
+        subject = labels.get(subject, subject)
+        holders = [h for h in (d.get("data") or {}).get("holders", []) if h.get("growing")]
+        if not holders:
+            rows.append(
+                f"<tr><td>{_esc(subject)}</td>"
+                f'<td class="msg" colspan="4">{_esc(d.get("error") or "nothing found")}</td></tr>'
+            )
+        for h in holders[:10]:
+            rows.append(
+                f"<tr><td>{_esc(subject)}</td><td>{_esc(h.get('path'))}</td>"
+                f"<td>+{_esc(h.get('growth_count'))}</td>"
+                f"<td>+{_esc(memory.size(h.get('growth_bytes') or 0))}</td>"
+                f"<td>{_esc(h.get('root'))} in {_esc(h.get('site'))}</td></tr>"
+            )
+    if not rows:
+        return ""
+    head = "<tr><th>subject</th><th>holder</th><th>tensors</th><th>bytes</th><th>where</th></tr>"
+    return (
+        f'<h3>Where the memory went</h3><table class="events memory">{head}{"".join(rows)}</table>'
+    )
+
+
 def run_section(run: Run, index: int) -> str:
     memory = to_svg(memory_figure(run), f"run{index}-memory")
     activity = to_svg(activity_figure(run), f"run{index}-activity")
@@ -129,7 +161,8 @@ def run_section(run: Run, index: int) -> str:
         f'<div class="plot" id="memory-{index}">{memory}</div>'
         f'<div class="plot" id="activity-{index}">{activity}</div>'
         f"{training}"
-        f"<h3>Alerts and breaker transitions</h3>{alerts_table(run)}</section>"
+        f"<h3>Alerts and breaker transitions</h3>{alerts_table(run)}{memory_table(run)}"
+        "</section>"
     )
 
 

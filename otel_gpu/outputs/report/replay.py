@@ -49,6 +49,8 @@ class Run:
     end: float
     # The recording's context lines (outputs/record.py): host, revision, command, exit code...
     context: dict[str, Any] = field(default_factory=dict)
+    # the diagnosed alerts kept beside the recording (outputs/diagnoses.py)
+    diagnoses: list[dict[str, Any]] = field(default_factory=list)
 
 
 def replay_recording(

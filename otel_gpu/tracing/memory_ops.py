@@ -1,0 +1,120 @@
+"""The trainer's memory operations on the control channel (docs/inprocess.md, issue 20 §2-§3).
+
+``memory.census``: live tensors by holder, and their growth over ``over_s`` seconds (``samples``
+censuses spread over it), or since the census before (``baseline: "last"``, how the agent's
+leak diagnoser compares a suspicion's census with the confirmation's). Runs on the channel's
+request thread, one census at a time, bounded by :class:`~otel_gpu.diagnose.memory_settings.
+MemorySettings` (read once, here). Never reads a tensor's values.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from otel_gpu.core.channel import Handler
+from otel_gpu.core.errors import UsageError
+from otel_gpu.diagnose import census, host_memory, memory
+from otel_gpu.diagnose.memory_settings import MemorySettings
+from otel_gpu.tracing import inprocess
+
+log = logging.getLogger("otel_gpu.tracing")
+
+OP_CENSUS = "memory.census"
+OP_TRACEMALLOC = "memory.tracemalloc"
+MAX_SAMPLES = 10
+MAX_TOP = 200
+
+_busy = threading.Lock()
+_last: census.Census | None = None
+
+
+def _number(
+    request: Mapping[str, Any], name: str, default: float, low: float, high: float
+) -> float:
+    value = request.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number")
+    return min(max(float(value), low), high)
+
+
+def census_handler(settings: MemorySettings) -> Handler:
+    bounds = census.Bounds(
+        max_objects=settings.census_max_objects,
+        max_s=settings.census_max_s,
+        max_depth=settings.census_max_depth,
+    )
+
+    def handle(request: Mapping[str, Any]) -> Mapping[str, Any]:
+        global _last
+        over = _number(request, "over_s", 0.0, 0.0, settings.census_max_over_s)
+        samples = int(_number(request, "samples", 3, 2, MAX_SAMPLES)) if over > 0 else 1
+        top = int(_number(request, "top", 20, 1, MAX_TOP))
+        if not _busy.acquire(blocking=False):
+            return {"error": "busy: a census is already running in this process"}
+        try:
+            taken: list[census.Census] = []
+            if request.get("baseline") == "last" and _last is not None:
+                taken.append(_last)
+            taken.append(census.take(bounds))
+            for _ in range(samples - 1):
+                time.sleep(over / (samples - 1))
+                taken.append(census.take(bounds))
+            _last = taken[-1]
+        finally:
+            _busy.release()
+        rows = census.rank_growth(taken)
+        span = taken[-1].time - taken[0].time
+        return {
+            "pid": os.getpid(),
+            "over_s": round(span, 3),
+            "censuses": [c.to_dict() for c in taken],
+            "holders": memory.holders_json(rows, top),
+            "lines": memory.lines(rows, span)[:top],
+        }
+
+    return handle
+
+
+def tracemalloc_handler(settings: MemorySettings) -> Handler:
+    """``memory.tracemalloc``: the Python source lines whose allocations grew over ``over_s``
+    (tracing started for the request and stopped after, unless it already ran)."""
+
+    def handle(request: Mapping[str, Any]) -> Mapping[str, Any]:
+        import tracemalloc
+
+        over = _number(request, "over_s", 2.0, 0.0, settings.census_max_over_s)
+        top = int(_number(request, "top", 10, 1, MAX_TOP))
+        ours = host_memory.start()
+        try:
+            before = tracemalloc.take_snapshot()
+            time.sleep(over)
+            after = tracemalloc.take_snapshot()
+        finally:
+            if ours:
+                tracemalloc.stop()
+        return {
+            "pid": os.getpid(),
+            "over_s": over,
+            "lines": host_memory.top_growth(before, after, top),
+        }
+
+    return handle
+
+
+def register(env: Mapping[str, str] | None = None) -> bool:
+    """Serve the memory operations (unless turned off); never raises into the job."""
+    try:
+        settings = MemorySettings.load(env)
+    except UsageError as exc:
+        log.warning("otel-gpu: memory attribution is off in this process: %s", exc)
+        return False
+    if not settings.memory_enabled:
+        return False
+    inprocess.register(OP_CENSUS, census_handler(settings))
+    inprocess.register(OP_TRACEMALLOC, tracemalloc_handler(settings))
+    return True
