@@ -9,8 +9,8 @@ agent runs every NVML and /proc read in a helper process (:mod:`otel_gpu.samplin
 * started with a fresh ``exec`` of the interpreter, never a ``fork`` of a process that may hold
   CUDA or NCCL state, in its own session (a terminal's Ctrl-C does not reach it) and with
   OpenTelemetry's auto-instrumentation removed from its environment;
-* handing one compact snapshot per sweep to the agent over a pipe (length-prefixed pickles of
-  the :mod:`otel_gpu.sampling.snapshot` records; the helper is our own code);
+* handing one compact snapshot per sweep to the agent over a pipe (:mod:`otel_gpu.sampling.wire`:
+  length-prefixed ``marshal`` frames of plain values, each record's static fields sent once);
 * supervised here: when it dies (abort, segfault, exit) or stops delivering snapshots for
   :attr:`SamplerProcess.kill_after_s`, it is killed if need be and started again with
   exponential backoff. The helper watches its own sweeps too: a sweep stuck in a /proc read for
@@ -28,10 +28,8 @@ import contextlib
 import json
 import logging
 import os
-import pickle
 import select
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -41,11 +39,10 @@ from dataclasses import asdict, dataclass, replace
 
 from otel_gpu.sampling.sampler import Published
 from otel_gpu.sampling.snapshot import STATUS_DEGRADED, GpuSample, Snapshot
+from otel_gpu.sampling.wire import FrameReader
 
 log = logging.getLogger("otel_gpu.sampler")
 
-FRAME_HEADER = struct.Struct("!I")
-MAX_FRAME = 64 << 20  # a frame larger than this is a corrupt stream, not a snapshot
 EXIT_HUNG = 70  # the helper's exit code after it reported a hung sweep
 HEALTHY_AFTER_S = 300.0  # a helper that has run this long ends a failure episode
 SKIP_FOR_S = 600.0  # a PID whose /proc read hung is skipped this long
@@ -85,32 +82,6 @@ class SamplerSpec:
         raw["roots"] = tuple(raw.get("roots", ()))
         raw["skip_pids"] = tuple(raw.get("skip_pids", ()))
         return cls(**raw)
-
-
-def encode_frame(message: object) -> bytes:
-    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return FRAME_HEADER.pack(len(payload)) + payload
-
-
-class FrameReader:
-    """Splits a byte stream into the messages :func:`encode_frame` wrote."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-
-    def feed(self, data: bytes) -> list[object]:
-        self._buf += data
-        out: list[object] = []
-        while len(self._buf) >= FRAME_HEADER.size:
-            (size,) = FRAME_HEADER.unpack_from(self._buf)
-            if size > MAX_FRAME:
-                raise ValueError(f"corrupt sampler stream (frame of {size} bytes)")
-            end = FRAME_HEADER.size + size
-            if len(self._buf) < end:
-                break
-            out.append(pickle.loads(bytes(self._buf[FRAME_HEADER.size : end])))
-            del self._buf[:end]
-        return out
 
 
 def child_environment(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -305,7 +276,7 @@ class SamplerProcess(Published):
                 for message in frames.feed(data):
                     last = self._clock()
                     self._handle(message)
-        except (OSError, ValueError, pickle.UnpicklingError) as exc:
+        except (OSError, ValueError) as exc:
             what = f"sent a broken stream ({exc})"
             self._end_child(child, 0.0)
         finally:

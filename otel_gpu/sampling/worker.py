@@ -21,10 +21,11 @@ import time
 from typing import BinaryIO
 
 from otel_gpu.core.printable import PrintableFormatter
-from otel_gpu.sampling.isolated import EXIT_HUNG, SamplerSpec, encode_frame
+from otel_gpu.sampling.isolated import EXIT_HUNG, SamplerSpec
 from otel_gpu.sampling.procs import ProcessTree
 from otel_gpu.sampling.sampler import Sampler
 from otel_gpu.sampling.source import DeviceSource
+from otel_gpu.sampling.wire import FrameWriter as Frames
 
 log = logging.getLogger("otel_gpu.sampler.worker")
 
@@ -50,10 +51,11 @@ class FrameWriter:
     def __init__(self, stream: BinaryIO) -> None:
         self._stream = stream
         self._lock = threading.Lock()
+        self._frames = Frames()
 
-    def send(self, message: object) -> None:
-        data = encode_frame(message)
-        with self._lock:
+    def send(self, message: tuple[object, ...]) -> None:
+        with self._lock:  # encoded under the lock: the frames share the stream's tables
+            data = self._frames.frame(message)
             try:
                 self._stream.write(data)
                 self._stream.flush()
