@@ -60,16 +60,16 @@ def metric_readers(
 
 def _otlp_exporter(settings: Settings, export_health: ExportHealth | None) -> MetricExporter:
     """The SDK's OTLP gRPC exporter, its problems reported once per episode and the points a
-    collector rejects in a partial success counted (``otel_gpu.agent.export.rejected_points``)."""
-    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-
+    collector rejects in a partial success counted (``otel_gpu.agent.export.rejected_points``).
+    Each series' attributes are encoded once, not at every export (otel_gpu/agent/encode.py)."""
+    from otel_gpu.agent.encode import cached_otlp_exporter_class
     from otel_gpu.core.export_log import EpisodeReportingExporter, PartialSuccessReport
 
     kwargs: dict[str, object] = {"timeout": settings.export_timeout_s}
     if settings.endpoint:
         kwargs["endpoint"] = settings.endpoint
     try:
-        exporter = OTLPMetricExporter(**kwargs)  # type: ignore[arg-type]
+        exporter = cached_otlp_exporter_class()(**kwargs)
     except Exception as exc:  # e.g. OTEL_EXPORTER_OTLP_COMPRESSION=zstd, a bad header
         raise UsageError(
             f"cannot configure the OTLP exporter from the OTEL_EXPORTER_OTLP_* settings: {exc}"
