@@ -35,7 +35,7 @@ from otel_gpu.core.signals import (
     Signal,
     observable,
 )
-from otel_gpu.detect.breaker import STATE_VALUES, Breaker, BreakerConfig, Transition
+from otel_gpu.detect.breaker import CLOSED, STATE_VALUES, Breaker, BreakerConfig, Transition
 from otel_gpu.detect.engine import DetectConfig, Engine
 from otel_gpu.detect.model import LEAK, Alert, Point
 from otel_gpu.detect.subject import SUBJECT_NAME
@@ -195,6 +195,15 @@ class Watchdog:
             self._states = {s: self.breaker.state(s) for s in self._attrs}
         for listener in self.sweep_listeners:
             listener(snap, judged)
+
+    def judging(self) -> bool:
+        """Whether a leak or stall is suspected or confirmed now: a subject with an active
+        condition or whose breaker is not closed (after the last sweep)."""
+        with self._lock:
+            if any(state != CLOSED for state in self._states.values()):
+                return True
+            subjects = list(self._attrs)
+        return any(self.engine.active_kinds(s) for s in subjects)
 
     def _live_leaks(self) -> dict[str, tuple[float, float | None]]:
         """The current rate and time to exhaustion of every active leak (a leak is only active

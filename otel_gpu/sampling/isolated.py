@@ -66,6 +66,8 @@ class SamplerSpec:
     process_command: str = "redacted"  # OTEL_GPU_PROCESS_COMMAND (otel_gpu.core.redact)
     log_level: int = logging.WARNING
     parent_pid: int = 0
+    cpu_budget: float = 0.0  # OTEL_GPU_CPU_BUDGET, percent of one core; 0: no adaptation
+    budget_window_s: float = 10.0  # how long the agent's cost is measured before each decision
 
     @property
     def hang_after_s(self) -> float:
@@ -156,6 +158,7 @@ class SamplerProcess(Published):
         self._hung_what: str | None = None  # what the helper said it hung in, before exiting
         self._grace_s = 0.0  # how long stop() lets a helper exit by itself
         self._first_sweep_logged = False
+        self.protected = False
 
     # -- public surface ---------------------------------------------------------------------
 
@@ -171,6 +174,12 @@ class SamplerProcess(Published):
     def wake(self) -> None:
         """Ask the helper for a sweep now instead of at the end of its interval."""
         self._send("sweep")
+
+    def protect(self, on: bool) -> None:
+        """While ``on`` (a detector suspects or confirmed a leak or stall), the helper slows no
+        read to keep its CPU budget; a restarted helper is told again."""
+        self.protected = on
+        self._send("protect 1" if on else "protect 0")
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the helper (asked, then killed at half the bound) and the supervisor."""
@@ -228,6 +237,9 @@ class SamplerProcess(Published):
         try:
             child.stdin.write(spec.to_json().encode() + b"\n")
             child.stdin.flush()
+            if self.protected:
+                child.stdin.write(b"protect 1\n")
+                child.stdin.flush()
         except OSError:
             pass  # it died at once; _pump sees the EOF
         with self._child_lock:

@@ -136,6 +136,7 @@ class SnapshotEncoder:
             snap.no_gpu_reason,
             snap.sweep_seconds,
             snap.nvml_errors,
+            snap.intervals,
         )
 
 
@@ -193,9 +194,8 @@ class SnapshotDecoder:
 
     def decode(self, value: Any) -> Snapshot:
         try:
-            (version, time_, gpus, gprocs, procs, dropped, unmapped, h2l, reason, took, errors) = (
-                value
-            )
+            (version, time_, gpus, gprocs, procs, dropped, unmapped, h2l, reason, took, errors,
+             intervals) = value  # fmt: skip
             if version != VERSION:
                 raise ValueError(f"unknown snapshot encoding {version!r}")
             if h2l is not None:
@@ -211,6 +211,7 @@ class SnapshotDecoder:
                 no_gpu_reason=reason,
                 sweep_seconds=took,
                 nvml_errors=tuple(tuple(e) for e in errors),
+                intervals=tuple(tuple(i) for i in intervals),
             )
         except ValueError:
             raise

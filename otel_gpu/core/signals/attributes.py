@@ -9,6 +9,7 @@ HW_PARENT = "hw.parent"  # the physical GPU of a MIG instance
 HW_STATE = "hw.state"
 GPU_INDEX = "gpu.index"
 GPU_TASK = "hw.gpu.task"  # general, encoder, decoder
+AGENT_READ = "otel_gpu.read"  # a kind of read of the sampler (adaptive sampling)
 ERROR_TYPE = "error.type"  # corrected, uncorrected, xid; an NVML error name on self-metrics
 CLOCK_DOMAIN = "otel_gpu.clock.domain"
 IO_DIRECTION = "network.io.direction"
