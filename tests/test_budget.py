@@ -166,3 +166,30 @@ def test_the_helper_backs_off_under_a_cpu_hog_with_slow_nvml_and_stops_when_prot
         sampler.stop()
         hog.kill()
         hog.wait()
+
+
+@pytest.mark.unit
+def test_the_live_view_shows_what_the_budget_slowed() -> None:
+    from otel_gpu.outputs.view.frame import Frame, slowed_reads
+    from otel_gpu.outputs.view.render import header, plain_line
+
+    slowed = slowed_reads((("gpu", 1.0), (PROCESS_DETAILS, 4.0), (PROCESS_GPU_UTIL, 1.0)))
+    assert slowed == ((PROCESS_DETAILS, 4.0),)
+    frame = Frame(time=1.0, elapsed_s=5.0, phase=None, gpus=(), processes=(), slowed=slowed)
+    assert "CPU budget: process details every 4 s" in plain_line(frame, "otel-gpu")
+    assert "CPU budget: process details every 4 s" in header(frame, "otel-gpu").plain
+    calm = Frame(time=1.0, elapsed_s=5.0, phase=None, gpus=(), processes=(), slowed=slowed_reads(
+        (("gpu", 1.0), (PROCESS_DETAILS, 1.0), (PROCESS_GPU_UTIL, 1.0))))  # fmt: skip
+    assert "CPU budget" not in plain_line(calm, "otel-gpu")
+
+
+@pytest.mark.unit
+def test_the_agent_protects_the_judged_reads_while_a_breaker_is_not_closed() -> None:
+    from otel_gpu.agent.watchdog import DetectionSettings, Watchdog
+
+    dog = Watchdog.build(DetectionSettings())
+    assert dog.judging() is False
+    dog._states = {"gpu:GPU-0": "closed"}
+    assert dog.judging() is False
+    dog._states = {"gpu:GPU-0": "half_open"}  # a suspicion still under probation
+    assert dog.judging() is True

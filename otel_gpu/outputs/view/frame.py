@@ -58,6 +58,8 @@ class Frame:
     last_alert_label: str | None = None
     no_gpu_reason: str | None = None
     detecting: bool = True  # False with --no-detect: no breaker, no floor trend
+    # Reads adaptive sampling slowed (OTEL_GPU_CPU_BUDGET): (kind, seconds between reads).
+    slowed: tuple[tuple[str, float], ...] = ()
 
 
 def build_frame(sweep: Sweep, started: float, last_alert: Alert | None = None) -> Frame:
@@ -127,4 +129,11 @@ def build_frame(sweep: Sweep, started: float, last_alert: Alert | None = None) -
         last_alert_label=None if last_alert is None else names.get(last_alert.subject),
         no_gpu_reason=None if snap.no_gpu_reason is None else printable(snap.no_gpu_reason),
         detecting=sweep.breaker is not None,
+        slowed=slowed_reads(snap.intervals),
     )
+
+
+def slowed_reads(intervals: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...]:
+    """The kinds of read whose interval is longer than the GPU reads' (backed off)."""
+    base = dict(intervals).get("gpu")
+    return tuple((r, s) for r, s in intervals if base is not None and r != "gpu" and s > base)
