@@ -21,7 +21,12 @@ from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metr
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import (
+    AnyValue,
+    ArrayValue,
+    InstrumentationScope,
+    KeyValue,
+)
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb2
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.sdk.metrics.export import Gauge, MetricsData, Sum
@@ -40,6 +45,10 @@ def _any_value(value: object) -> AnyValue:
         return AnyValue(int_value=value)
     if isinstance(value, float):
         return AnyValue(double_value=value)
+    if isinstance(value, bytes):
+        return AnyValue(bytes_value=value)
+    if isinstance(value, (tuple, list)):  # string[] and the like (resource attributes)
+        return AnyValue(array_value=ArrayValue(values=[_any_value(v) for v in value]))
     raise _Unhandled
 
 
@@ -76,7 +85,8 @@ class MetricsEncoder:
     def _encode(self, data: MetricsData) -> ExportMetricsServiceRequest:
         resources = []
         for rm in data.resource_metrics:
-            scopes = []
+            resource = Resource(attributes=self._attributes(rm.resource.attributes))  # first:
+            scopes = []  # a value left to the SDK's encoder is found before the points' work
             for sm in rm.scope_metrics:
                 scope = sm.scope
                 metrics = [self._metric(m) for m in sm.metrics]
@@ -93,7 +103,7 @@ class MetricsEncoder:
                 )
             resources.append(
                 pb2.ResourceMetrics(
-                    resource=Resource(attributes=self._attributes(rm.resource.attributes)),
+                    resource=resource,
                     scope_metrics=scopes,
                     schema_url=rm.resource.schema_url,
                 )
