@@ -1,22 +1,33 @@
 """Score the detection engine on labelled traces (default: ../shared/traces/dev, else the copy
 in tests/data/dev_traces).
 
-    python benchmarks/score_traces.py [DIR]
+    python benchmarks/score_traces.py [--steps] [DIR]
 
 DIR holds ``*.csv`` traces and ``labels.json`` ({file: {"kind": "benign"|"leak"|"stall",
 "onset_s": ...}}). Prints one row per trace: label, onset, first matching alert, detection
 delay and false alarms (any alert on a benign trace, any alert before the onset, any alert
 of another kind), then a summary and one JSON line.
+
+``--steps`` gives every trace without a ``step`` column one, as an instrumented trainer would
+report it: in the train phase a step per 2 s of busy GPU time (utilization above 0.1,
+proportionally: an input-bound job at 30 % steps every ~7 s), none while loading, evaluating,
+saving or idle (so none after a stall's onset). It measures the step-aware stall rule on the
+same jobs; the step column is derived from the trace's own utilization, not from its label.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import sys
 from pathlib import Path
 
 from otel_gpu.detect.engine import DetectConfig, Engine
+from otel_gpu.detect.model import PHASE_TRAIN, Point, canonical_phase
 from otel_gpu.detect.trace import read_trace, replay, subject_for
+
+STEP_BUSY_S = 2.0  # --steps: seconds of fully busy GPU per training step
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +38,26 @@ def default_dir() -> Path:
     return shared if (shared / "labels.json").is_file() else ROOT / "tests" / "data" / "dev_traces"
 
 
-def score(directory: Path, config: DetectConfig | None = None) -> list[dict[str, object]]:
+def with_steps(points: list[Point]) -> list[Point]:
+    """``points`` with the step counter an instrumented trainer would report (see --steps)."""
+    if any(p.step is not None for p in points):
+        return points
+    out: list[Point] = []
+    step, last_t = 0.0, None
+    for p in points:
+        phase = canonical_phase(p.phase)
+        if last_t is not None and phase in (PHASE_TRAIN, None) and (p.util or 0.0) > 0.1:
+            step += (p.util or 0.0) * (p.time - last_t) / STEP_BUSY_S
+        last_t = p.time
+        q = Point(**{f: getattr(p, f) for f in p.__dataclass_fields__})
+        q.step = float(math.floor(step))
+        out.append(q)
+    return out
+
+
+def score(
+    directory: Path, config: DetectConfig | None = None, steps: bool = False
+) -> list[dict[str, object]]:
     """One result dict per labelled trace."""
     labels = json.loads((directory / "labels.json").read_text())
     engine = Engine(config or DetectConfig())
@@ -37,7 +67,8 @@ def score(directory: Path, config: DetectConfig | None = None) -> list[dict[str,
         kind = label["kind"]
         onset = label.get("onset_s")
         path = directory / name
-        alerts = replay(engine, subject_for(path), read_trace(path))
+        points = read_trace(path)
+        alerts = replay(engine, subject_for(path), with_steps(points) if steps else points)
         hit = None
         false_alarms = []
         for a in alerts:
@@ -63,11 +94,13 @@ def score(directory: Path, config: DetectConfig | None = None) -> list[dict[str,
 
 
 def main(argv: list[str]) -> int:
+    steps = "--steps" in argv
+    argv = [a for a in argv if a != "--steps"]
     directory = Path(argv[0]) if argv else default_dir()
     if not (directory / "labels.json").is_file():
         print(f"score_traces: {directory}/labels.json not found", file=sys.stderr)
         return 2
-    rows = score(directory)
+    rows = score(directory, steps=steps)
     print(
         f"{'trace':32} {'label':7} {'onset_s':>8} {'alert_s':>8} {'delay':>8}  rate est/true  false"
     )
@@ -86,7 +119,13 @@ def main(argv: list[str]) -> int:
         )
     ok = sum(1 for r in rows if r["ok"])
     delays = [r["delay_s"] for r in rows if r["delay_s"] is not None]
-    print(f"{ok}/{len(rows)} traces correct")
+    stall_delays = [
+        r["delay_s"] for r in rows if r["label"] == "stall" and r["delay_s"] is not None
+    ]
+    median_stall = statistics.median(stall_delays) if stall_delays else None  # type: ignore[type-var]
+    print(f"{ok}/{len(rows)} traces correct{' (steps derived: --steps)' if steps else ''}")
+    if median_stall is not None:
+        print(f"stall delay: median {median_stall:.0f} s, max {max(stall_delays):.0f} s")  # type: ignore[type-var]
     print(
         json.dumps(
             {
@@ -96,6 +135,8 @@ def main(argv: list[str]) -> int:
                 "ratio": ok / len(rows) if rows else 0.0,
                 "unit": "traces",
                 "max_delay_s": max(delays) if delays else None,  # type: ignore[type-var]
+                "median_stall_delay_s": median_stall,
+                "steps": steps,
             }
         )
     )

@@ -1,8 +1,8 @@
 """otel_gpu: OpenTelemetry instrumentation agent for GPU training and inference jobs.
 
-Public API for hand-written training loops (``opentelemetry-instrument`` needs none of it):
-``phase(name)``, ``step(n, **numbers)``, ``request_stop(reason)``, ``current_phase()``,
-``current_step()``.
+Public API: ``init()`` (start the in-process part without ``opentelemetry-instrument``; a
+context manager too), and for hand-written training loops ``phase(name)``,
+``step(n, **numbers)``, ``request_stop(reason)``, ``current_phase()``, ``current_step()``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,11 @@ from typing import Any
 __version__ = "0.1.0"
 
 _API = ("current_phase", "current_step", "phase", "request_stop", "step")
-__all__ = ["__version__", *_API]
+__all__ = ["__version__", "init", *_API]
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
 
 
 def __getattr__(name: str) -> Any:
@@ -22,4 +26,8 @@ def __getattr__(name: str) -> Any:
         from otel_gpu import tracing
 
         return getattr(tracing, name)
+    if name == "init":
+        from otel_gpu.distro import init
+
+        return init
     raise AttributeError(f"module 'otel_gpu' has no attribute {name!r}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -23,6 +24,7 @@ COMMAND_MODULES = (
     "otel_gpu.commands.sidecar",
     "otel_gpu.commands.doctor",
     "otel_gpu.commands.analyze",
+    "otel_gpu.commands.diagnose",
     "otel_gpu.commands.report",
     "otel_gpu.commands.processor",
 )
@@ -54,6 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
         args, extra = parser.parse_known_args(args_list)
+        if args.subcommand:
+            from otel_gpu.commands.known_env import warn_unknown
+
+            warn_unknown(os.environ)
         if extra:
             # Point at the subcommand's own help: the top-level help does not list its options.
             prog = f"otel-gpu {args.subcommand}" if args.subcommand else "otel-gpu"

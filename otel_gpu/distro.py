@@ -36,7 +36,7 @@ from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr
 from otel_gpu.core.errors import UsageError
 from otel_gpu.core.job_identity import ensure_instance_id
 from otel_gpu.tracing import context
-from otel_gpu.tracing.settings import TracingSettings
+from otel_gpu.tracing.settings import TracingSettings, off_line
 
 log = logging.getLogger("otel_gpu.distro")
 
@@ -73,10 +73,9 @@ class OtelGpuConfigurator:
         try:
             configure(auto_instrumentation_version=kwargs.get("auto_instrumentation_version"))
         except UsageError as exc:
-            context.set_role(context.OFF)
-            print(f"otel-gpu: error: {exc}; telemetry is off in this process", file=sys.stderr)
+            context.turn_off(off_line(exc))  # and phase(), step(), the callbacks: no-ops
         except Exception as exc:
-            context.set_role(context.OFF)
+            context.turn_off(None)
             log.warning("otel-gpu: telemetry is off in this process: %s", exc)
 
 
@@ -106,11 +105,21 @@ def configure(
     # one starts report it too (a launcher's ranks, a trainer's workers).
     ensure_instance_id(os.environ)
     if role == context.LAUNCHER:
+        _flight_recorder_for_ranks()
         return None
     from otel_gpu.agent.settings import Settings
+
+    # Every OTEL_GPU_* this process will read, validated before anything is built or
+    # imported (the SDK's log module builds a Resource when imported): a bad value is the one
+    # line the configurator prints, and telemetry is off.
+    agent_settings = Settings.load()
+    detection = None
+    if role == context.NODE and agent_settings.detect:
+        from otel_gpu.agent.watchdog import DetectionSettings
+
+        detection = DetectionSettings.load()
     from otel_gpu.tracing import pipeline
 
-    agent_settings = Settings.load()  # validates the agent's OTEL_GPU_* too: one error, up front
     _setup = pipeline.build(
         role,
         auto_instrumentation_version,
@@ -118,11 +127,28 @@ def configure(
         process_command=agent_settings.process_command,
     )
     if role == context.NODE:
-        _setup.agent = _start_node_agent(_setup.meter_provider, agent_settings)
+        from otel_gpu.commands.known_env import warn_unknown
+
+        warn_unknown(os.environ)  # once per node, not per rank
+        _setup.agent = _start_node_agent(_setup.meter_provider, agent_settings, detection)
     return _setup
 
 
-def _start_node_agent(meter_provider: Any, agent_settings: Any) -> Any:
+def _flight_recorder_for_ranks() -> None:
+    """A launcher's ranks get PyTorch's flight recorder (``OTEL_GPU_FLIGHT_RECORDER``), as
+    ``otel-gpu run`` gives it to its job; never fails the launcher."""
+    try:
+        from otel_gpu.agent.settings import Settings
+        from otel_gpu.core.runtime_dir import runtime_dir
+        from otel_gpu.diagnose.collectives import flight_recorder_env
+
+        if Settings.load().flight_recorder:
+            os.environ.update(flight_recorder_env(os.environ, runtime_dir()))
+    except Exception as exc:  # a bad setting or no private directory: the job runs without
+        log.warning("otel-gpu: flight recorder not set up for the ranks: %s", exc)
+
+
+def _start_node_agent(meter_provider: Any, agent_settings: Any, detection: Any = None) -> Any:
     """The node's sampler and detection inside this trainer process (when it wins the node
     lock), reading the trainer's phase and step and asking its graceful stop first: the one
     place where tracing and the agent are composed."""
@@ -136,4 +162,84 @@ def _start_node_agent(meter_provider: Any, agent_settings: Any) -> Any:
     # (TORCHELASTIC_RUN_ID is set by torchrun's agent; a stray LOCAL_RANK in a shell is not.)
     roots = [os.getppid()] if os.environ.get("TORCHELASTIC_RUN_ID") else None
     trainer = InProcessTrainer(progress.current_phase, progress.current_step, request_stop)
-    return start_in_process(meter_provider, agent_settings, roots, trainer)
+    return start_in_process(meter_provider, agent_settings, roots, trainer, detection)
+
+
+class Started:
+    """What :func:`init` started in this process; a context manager whose exit (or
+    :meth:`shutdown`, or the interpreter's exit) flushes and stops it within
+    ``OTEL_GPU_SHUTDOWN_TIMEOUT``. ``active``: telemetry runs in this process (False: a bad
+    setting, said in one line, or a role with nothing to run)."""
+
+    def __init__(self, setup: Any, owned: bool) -> None:
+        self.setup = setup
+        self.owned = owned  # False: opentelemetry-instrument (or an earlier init) started it
+
+    @property
+    def active(self) -> bool:
+        return self.setup is not None
+
+    def shutdown(self) -> None:
+        """Flush and stop what :func:`init` started (bounded); never raises."""
+        if self.owned and self.setup is not None:
+            from otel_gpu.tracing import pipeline
+
+            try:
+                pipeline.shutdown(self.setup)
+            except Exception as exc:
+                log.warning("otel-gpu: shutdown failed: %s", exc)
+
+    def __enter__(self) -> Started:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.shutdown()
+
+
+def init(service_name: str | None = None) -> Started:
+    """Start the in-process part in this process, as ``opentelemetry-instrument`` would:
+    exporters (the same ``OTEL_*`` / ``OTEL_GPU_*`` settings and defaults), the HF Trainer and
+    Lightning instrumentation, the control socket, and the node's sampler and detection when
+    this process wins the node lock. Once per process: under ``opentelemetry-instrument`` (or
+    after an earlier call) it returns what runs already. ``service_name``: the job's
+    ``service.name`` unless ``OTEL_SERVICE_NAME`` says otherwise. Never raises into the caller;
+    a bad setting is one line on stderr and telemetry stays off.
+
+        with otel_gpu.init():
+            train()
+    """
+    existing = current_setup()
+    if existing is not None:
+        return Started(existing, owned=False)
+    try:
+        if service_name:
+            os.environ.setdefault("OTEL_SERVICE_NAME", service_name)
+        OtelGpuDistro()._configure()
+        setup = configure()
+    except UsageError as exc:
+        context.turn_off(off_line(exc))  # and phase(), step(), the callbacks: no-ops
+        return Started(None, owned=False)
+    except Exception as exc:
+        context.turn_off(None)
+        log.warning("otel-gpu: telemetry is off in this process: %s", exc)
+        return Started(None, owned=False)
+    if setup is not None:
+        _instrument_frameworks(setup)
+    return Started(setup, owned=True)
+
+
+def _instrument_frameworks(setup: Any) -> None:
+    """The Trainer instrumentors ``opentelemetry-instrument`` would load from our entry
+    points (each waits for its framework's import; a framework not installed is skipped)."""
+    from otel_gpu.tracing.hf_instrumentor import TransformersInstrumentor
+    from otel_gpu.tracing.lightning_callback import LightningInstrumentor
+
+    for instrumentor in (TransformersInstrumentor(), LightningInstrumentor()):
+        try:
+            # A conflict (framework missing or too old) raises here rather than logging an
+            # error: as under opentelemetry-instrument, that framework is just not instrumented.
+            instrumentor.instrument(
+                tracer_provider=setup.tracer_provider, raise_exception_on_conflict=True
+            )
+        except Exception as exc:
+            log.debug("otel-gpu: %s not applied: %s", type(instrumentor).__name__, exc)

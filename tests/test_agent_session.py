@@ -301,9 +301,9 @@ class RecordedOutputs(RunOutputs):
         super().__init__(args, "t")
         self.calls = calls
 
-    def attach(self, sampler: Any, watchdog: Any) -> None:
+    def attach(self, sampler: Any, watchdog: Any, progress: Any = None) -> None:
         self.calls.append("outputs.attach")
-        super().attach(sampler, watchdog)
+        super().attach(sampler, watchdog, progress)
 
     def start(self, name: str, pid: int, settings: Any, resource: Any = None) -> None:
         self.calls.append("outputs.start")

@@ -64,6 +64,17 @@ def test_unknown_columns_are_warned_about_once(tmp_path: Path) -> None:
     assert "ignoring column(s) utilization" in warnings[0] and "util," in warnings[0]
 
 
+def test_a_python_script_is_said_to_be_no_csv_first_and_only(tmp_path: Path) -> None:
+    # Issue 19.8: `analyze train.py` warned about "ignoring column(s) import time" first.
+    script = tmp_path / "train.py"
+    script.write_text("import time, otel_gpu\nprint('hi')\n")
+    code, alerts, err = analyze(str(script))
+    assert code == 2 and alerts == []
+    lines = err.splitlines()
+    assert lines[0].startswith(f"otel-gpu: error: {script} is not a CSV trace or recording: ")
+    assert "ignoring column" not in err
+
+
 def test_each_file_gets_a_one_line_summary_on_stderr(tmp_path: Path) -> None:
     head = tmp_path / "short.csv"
     head.write_text("time_s,used_bytes,limit_bytes\n0,1,10\n7200,2,10\n")

@@ -31,7 +31,7 @@ def test_run_exports_nvml_device_and_process_points_for_the_child(fake_nvml: Fak
     )
     code = "import os, time; print(os.getpid(), flush=True); time.sleep(4)"
     proc = subprocess.Popen(
-        [*CLI, "run", "--exporter", "console", "--interval", "0.2", "--export-interval", "1",
+        [*CLI, "run", "--exporter", "console", "--no-instrument", "--interval", "0.2", "--export-interval", "1",
          "--no-detect", "--", sys.executable, "-c", code],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=fake_nvml.env(clean_env(CUDA_VISIBLE_DEVICES="0")),

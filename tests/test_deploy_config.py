@@ -83,6 +83,20 @@ def test_the_three_dashboards_are_provisioned_with_a_datasource_variable() -> No
 
 
 @pytest.mark.unit
+def test_the_job_dashboard_picks_a_run_by_its_job_key() -> None:
+    # Issue 19.8: Prometheus's scrape `job` is the whole fleet with a direct scrape; a run is
+    # its service.instance.id (shared by the wrapper and its trainers), read off target_info.
+    board = json.loads((ROOT / "deploy/grafana/dashboards/otel-gpu-job.json").read_text())
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert "job" not in variables
+    assert variables["run"]["query"]["query"] == "label_values(target_info, service_instance_id)"
+    assert 'service_instance_id=~"$run"' in variables["instance"]["query"]["query"]
+    for panel in board["panels"]:
+        for target in panel["targets"]:
+            assert "$job" not in target["expr"] and 'instance=~"$instance"' in target["expr"]
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "source",
     ["dashboards", "rules"],

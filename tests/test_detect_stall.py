@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from support.tracegen import COLUMNS_FULL, generate
 
@@ -157,3 +159,154 @@ def test_activity_blips_do_not_hide_a_hang():
     alerts = alerts_of(pts)
     assert [a.kind for a in alerts] == [STALL]
     assert alerts[0].time <= 1800 + 900 + 120
+
+
+# --- step-aware stalls (issue 21.1) ----------------------------------------------------------
+
+
+def _stepping(segments, interval=15.0, t0=0.0, step0=0.0):
+    """Points every ``interval`` s: segments of (seconds, step_time_s or None (no steps), util,
+    phase). Steps advance by interval / step_time per sample (fractions carried)."""
+    pts, t, step, frac = [], t0, step0, 0.0
+    for seconds, step_time, util, phase in segments:
+        end = t + seconds
+        while t < end:
+            if step_time is not None:
+                frac += interval / step_time
+                whole = math.floor(frac)
+                step, frac = step + whole, frac - whole
+            power = 100 + 500 * util
+            pts.append(
+                Point(
+                    time=t,
+                    used_bytes=40e9,
+                    limit_bytes=80e9,
+                    util=util,
+                    procs=1,
+                    phase=phase,
+                    power_w=power,
+                    power_limit_w=700.0,
+                    step=step,
+                )
+            )
+            t += interval
+    return pts
+
+
+@pytest.mark.parametrize(
+    ("step_time", "util", "latest_s"),
+    [
+        (0.5, 0.95, 60 + 15),  # a hung collective spins at full utilization
+        (1.0, 0.02, 60 + 15),  # an idle hang: found by its steps long before the idle window
+        (6.0, 0.95, 120 + 15),  # 20 typical steps
+    ],
+)
+def test_steps_frozen_in_train_are_found_within_two_minutes(step_time, util, latest_s):
+    work = _stepping([(1800, step_time, 0.9, "train")])
+    hang_at = work[-1].time
+    hung = _stepping([(1800, None, util, "train")], t0=hang_at + 15, step0=work[-1].step)
+    alerts = alerts_of(work + hung)
+    assert [a.kind for a in alerts] == [STALL]  # one alert, not one per rule
+    delay = alerts[0].time - hang_at
+    assert 60 <= delay <= latest_s, delay
+    assert "step stuck" in alerts[0].message
+    assert alerts[0].evidence["mode"] == "steps"
+
+
+def test_steps_that_slow_down_but_keep_coming_are_not_a_stall():
+    # Step time grows 1 s -> 120 s over hours (data starving, a thermally throttled GPU).
+    pts, t, step, frac = [], 0.0, 0.0, 0.0
+    while t < 6 * HOUR:
+        step_time = 1.0 * (120.0 ** (t / (6 * HOUR)))
+        frac += 15.0 / step_time
+        whole = math.floor(frac)
+        step, frac = step + whole, frac - whole
+        pts.append(
+            Point(time=t, used_bytes=40e9, limit_bytes=80e9, util=0.3, procs=1, phase="train",
+                  step=step)
+        )  # fmt: skip
+        t += 15.0
+    assert alerts_of(pts) == []
+
+
+@pytest.mark.parametrize("eval_name", ["evaluate", "eval", "validation", "val"])
+def test_hourly_twenty_minute_evaluations_are_not_a_stall(eval_name):
+    seg = [(3600, 1.0, 0.9, "train"), (20 * 60, None, 0.02, eval_name)]
+    pts = _stepping(seg * 4 + [(3600, 1.0, 0.9, "train")])
+    assert alerts_of(pts) == []
+
+
+@pytest.mark.parametrize("save_name", ["save", "checkpoint", "save_checkpoint"])
+def test_eight_minute_checkpoint_saves_are_not_a_stall(save_name):
+    seg = [(3600, 2.0, 0.9, "train"), (8 * 60, None, 0.01, save_name)]
+    pts = _stepping(seg * 4 + [(600, 2.0, 0.9, "train")])
+    assert alerts_of(pts) == []
+
+
+def test_after_an_evaluation_the_step_clock_restarts_with_training():
+    # A 30-min eval, then training that hangs at once: found a minute after training resumed,
+    # not at once (the steps were "frozen" through the evaluation) nor after 15 min.
+    pts = _stepping(
+        [(1800, 1.0, 0.9, "train"), (30 * 60, None, 0.05, "eval"), (1800, None, 0.95, "train")]
+    )
+    resumed = 1800 + 30 * 60
+    alerts = alerts_of(pts)
+    assert [a.kind for a in alerts] == [STALL]
+    assert resumed + 60 <= alerts[0].time <= resumed + 75
+
+
+def test_the_fast_step_rule_needs_the_train_phase():
+    # The same hang without phase information waits for the window (a save could be running).
+    work = _stepping([(1800, 1.0, 0.9, None)])
+    hung = _stepping([(1800, None, 0.95, None)], t0=1800, step0=work[-1].step)
+    alerts = alerts_of(work + hung)
+    assert [a.kind for a in alerts] == [STALL]
+    assert alerts[0].time - 1785 >= 900
+
+
+def test_step_floor_and_factor_are_settings():
+    work = _stepping([(1800, 1.0, 0.9, "train")])
+    hung = _stepping([(1800, None, 0.95, "train")], t0=1800, step0=work[-1].step)
+    cfg = DetectConfig(stall_step_floor_s=300.0)
+    alerts = alerts_of(work + hung, Engine(cfg))
+    assert 300 <= alerts[0].time - 1785 <= 315
+    cfg = DetectConfig(stall_step_factor=200.0)  # 200 x 1 s
+    alerts = alerts_of(work + hung, Engine(cfg))
+    assert 200 <= alerts[0].time - 1785 <= 215
+
+
+def test_train_pauses_that_end_on_their_own_stretch_the_step_limit():
+    # Hourly 2-minute pauses in "train" (a checkpoint save nobody marked): the first is
+    # indistinguishable from a hang and alarms; the later ones are known and pass; a real hang
+    # is still found, within 1.5 x the learned pause.
+    seg = [(3600, 1.0, 0.9, "train"), (120, None, 0.01, "train")]
+    pts = _stepping(seg * 4 + [(3600, 1.0, 0.9, "train"), (1800, None, 0.01, "train")])
+    alerts = alerts_of(pts)
+    assert [a.kind for a in alerts] == [STALL, STALL]
+    assert alerts[0].time < 3720  # the first pause
+    hang = 4 * 3720 + 3600
+    assert hang + 60 <= alerts[1].time <= hang + 1.5 * 135 + 15
+
+
+def test_a_csv_eval_phase_is_read_as_evaluate(tmp_path):
+    # `otel-gpu analyze` on a CSV whose evaluations say "eval" / "Validation": not training.
+    from otel_gpu.detect.trace import read_trace
+
+    rows = ["time_s,used_bytes,limit_bytes,util,procs,phase,step"]
+    t, step = 0, 0
+    for seconds, util, phase, stepping in [
+        (3600, 0.9, "train", True),
+        (25 * 60, 0.02, "eval", False),
+        (3600, 0.9, "train", True),
+        (25 * 60, 0.02, "Validation", False),
+        (600, 0.9, "train", True),
+    ]:
+        for _ in range(0, seconds, 30):
+            step += 30 if stepping else 0
+            rows.append(f"{t},40e9,80e9,{util},1,{phase},{step}")
+            t += 30
+    path = tmp_path / "job.csv"
+    path.write_text("\n".join(rows) + "\n")
+    points = read_trace(path)
+    assert {p.phase for p in points} == {"train", "evaluate"}
+    assert alerts_of(points) == []

@@ -194,6 +194,20 @@ FORBIDDEN = {
     },
     "otel_gpu.tracing": {"otel_gpu.agent", "otel_gpu.commands", "otel_gpu.outputs"},
     "otel_gpu.detect": {"otel_gpu.agent", "otel_gpu.processor", "otel_gpu.tracing"},
+    # where-and-why logic (docs/inprocess.md): core only; tracing and agent call it
+    "otel_gpu.diagnose": {
+        "otel_gpu.agent",
+        "otel_gpu.actions",
+        "otel_gpu.commands",
+        "otel_gpu.detect",
+        "otel_gpu.inference",
+        "otel_gpu.k8s",
+        "otel_gpu.outputs",
+        "otel_gpu.processor",
+        "otel_gpu.resource",
+        "otel_gpu.sampling",
+        "otel_gpu.tracing",
+    },
 }
 ENTRY_POINTS = {"otel_gpu", "otel_gpu.cli", "otel_gpu.distro"}
 

@@ -169,3 +169,34 @@ def test_every_text_round_trips_and_none_is_a_formula(tmp_path: Path) -> None:
         written = [row[0] for row in csv.reader(fh)]
     assert not [c for c in written if c.lstrip(" ")[:1] in ("=", "+", "-", "@", "\t", "\r")]
     assert [read_text_cell(c) for c in written] == texts
+
+
+@pytest.mark.unit
+def test_a_diagnosed_alert_is_recorded_redacted_and_the_report_lists_it(tmp_path: Path) -> None:
+    from otel_gpu.detect.model import Alert, Diagnosis
+    from otel_gpu.outputs.record import open_recording, read_context
+    from otel_gpu.outputs.report.page import alerts_table
+    from otel_gpu.outputs.report.replay import Run
+
+    path = tmp_path / "run.csv"
+    recorder = Recorder(open_recording(str(path)))
+    found = Diagnosis(
+        "stall",
+        (
+            "rank 1 (PID 42) in fetch_remote_shard at data.py:88",
+            "ranks 0, 2 in all_reduce at t.py:9",
+        ),
+        took_s=0.1,
+    )
+    secret = "--token=ghp_abcdefghijklmnopqrstuvwxyz0123456789"
+    stall = Alert("stall", "gpu:GPU-1", 120.0, "critical", f"stalled {secret}", diagnosis=found)
+    recorder.on_alert(stall)
+    recorder.on_alert(Alert("leak", "gpu:GPU-1", 130.0, "warning", "no diagnosis here"))
+    recorder.close()
+    text = path.read_text()
+    assert text.count("# otel-gpu diagnosis ") == 1 and "ghp_abcdefghij" not in text
+    [d] = read_context(str(path))["diagnoses"]
+    assert d["lines"] == list(found.lines) and d["took_s"] == 0.1
+    run = Run("run.csv", {}, [stall], [], {}, 100.0, 200.0, context=read_context(str(path)))
+    table = alerts_table(run)
+    assert "stall diagnosis" in table and "fetch_remote_shard at data.py:88" in table

@@ -132,7 +132,7 @@ def test_a_dollar_in_a_name_is_shown_as_it_is(tmp_path: Path) -> None:
     recording, page = tmp_path / "run.csv", tmp_path / "report.html"
     res = subprocess.run(
         [*CLI, "run", "--quiet", "--simulate", "leak", "--exporter", "none", "--interval", "0.2",
-         "--record", str(recording), "--", str(program), "2"],
+         "--record", str(recording), "--", str(program), "5"],
         capture_output=True, text=True, timeout=60, env=clean_env(OTEL_GPU_LOCK_DIR=str(tmp_path)),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr

@@ -14,13 +14,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from support import users
 
 from otel_gpu.core import runtime_dir as rd
 
 pytestmark = pytest.mark.process
 
 ROOT = Path(__file__).resolve().parents[1]
-OTHER_USER = "otelgpu-tenant"
 
 # A process that takes the node lock and reports where, and what its child would use.
 PROBE = (
@@ -101,16 +101,7 @@ def test_a_symlink_is_never_followed(tmp_path: Path, reset: None) -> None:
 
 @pytest.fixture(scope="module")
 def other_user() -> pwd.struct_passwd:
-    if os.getuid() != 0:
-        pytest.skip("needs root to run a process as another user")
-    try:
-        return pwd.getpwnam(OTHER_USER)
-    except KeyError:
-        subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
-            check=True, capture_output=True,
-        )  # fmt: skip
-        return pwd.getpwnam(OTHER_USER)
+    return users.other_user()
 
 
 def test_another_user_creating_our_directory_first_does_not_stop_our_sampling(

@@ -299,3 +299,12 @@ def test_a_settings_file_holds_an_object_in_json_or_toml(tmp_path: Path) -> None
         (tmp_path / "a.toml").write_text("[detect]\nstall_window_s = 1200\n")
         got = read_settings_file(str(tmp_path / "a.toml"), "--config", "x")
         assert got == {"detect": {"stall_window_s": 1200}}
+
+
+def test_a_flag_that_turns_a_setting_off_says_so_in_its_help() -> None:
+    # Issue 19.8: `--no-detect  leak / stall detection in the agent` read as its opposite.
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    text = " ".join(sub.choices["run"].format_help().split())
+    assert "--no-detect turn off leak / stall detection" in text
+    assert "--no-instrument do not load the in-process part" in text
+    assert "OTEL_GPU_DETECT=false; on by default" in text

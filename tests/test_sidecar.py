@@ -246,7 +246,8 @@ def test_sidecar_records_what_it_sampled_and_analyze_replays_it(tmp_path: Path) 
         server.wait()
     assert side.returncode == 0, err
     assert "up 00:" not in err  # no live view in a pod's log unless --view
-    header, *rows = record.read_text().splitlines()
+    # the context lines (outputs/record.py) are comments, not samples
+    header, *rows = [r for r in record.read_text().splitlines() if not r.startswith("#")]
     assert "subject" in header.split(",") and rows
     subjects = {r.split(",")[header.split(",").index("subject")] for r in rows}
     assert any(s.startswith("gpu:") for s in subjects)
@@ -258,3 +259,26 @@ def test_sidecar_records_what_it_sampled_and_analyze_replays_it(tmp_path: Path) 
     assert replay.returncode == 0, replay.stderr
     assert f"{len(rows)} samples" in replay.stderr
     assert json.loads(summary.read_text())["gpus"]
+
+
+@pytest.mark.process
+def test_match_finds_a_python_job_by_its_script_name(tmp_path: Path) -> None:
+    # Issue 19.8: `--match train` never matched `python train.py` (comm is python3.11).
+    from otel_gpu.k8s.sidecar import _named
+
+    script = tmp_path / "mytrainjob.py"
+    script.write_text("import time\ntime.sleep(30)\n")
+    child = subprocess.Popen([sys.executable, "-u", str(script)])
+    try:
+        import time
+
+        deadline = time.monotonic() + 10
+        while b"mytrainjob" not in Path(f"/proc/{child.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert _named(child.pid, ["mytrainjob"], "/proc")
+        assert _named(child.pid, ["python"], "/proc")
+        assert not _named(child.pid, ["vllm"], "/proc")
+    finally:
+        child.kill()
+        child.wait()

@@ -89,6 +89,7 @@ def _agent_table(snap: Snapshot) -> MetricsData | None:
 TRAINER = textwrap.dedent(
     """
     import json
+    import time
     from types import SimpleNamespace
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -105,7 +106,10 @@ TRAINER = textwrap.dedent(
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
     assert progress.register(provider) and progress.register_torch(torch, provider)
+    progress.set_step(2)
+    time.sleep(0.01)
     progress.set_step(3)
+    progress.set_numbers({"loss": 1.5, "lr": 1e-4, "grad_norm": 2.0, "samples": 8, "tokens": 64})
     progress.push_phase("train")
     out = {}
     for rm in reader.get_metrics_data().resource_metrics:

@@ -114,3 +114,32 @@ def test_decide_every_k_steps_uses_one_collective_and_names_the_requester():
     decision = control.decide(5, 5, rank=0, all_reduce_max=all_reduce)
     assert votes == [0]
     assert decision == control.StopDecision("stop requested on rank 1", 1)
+
+
+def test_step_numbers_become_training_metrics() -> None:
+    # The numbers of otel_gpu.step() as metrics (issue 19.2), read by the SDK's in-memory
+    # reader: loss, learning rate, grad norm, seconds per step, samples and tokens per second.
+    import time
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    assert progress.register(MeterProvider(metric_readers=[reader]))
+    with phase("train"):
+        for n in range(1, 4):
+            time.sleep(0.02)
+            step(n, loss=2.0 / n, lr=1e-3, grad_norm=0.5, samples=32, tokens=512)
+    got = {
+        m.name: m.data.data_points[0].value
+        for rm in reader.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.data.data_points
+    }
+    assert got["training.loss"] == pytest.approx(2.0 / 3)
+    assert got["training.learning_rate"] == 1e-3
+    assert got["training.grad_norm"] == 0.5
+    assert 0.015 < got["training.step.duration"] < 1.0
+    assert got["training.samples.rate"] == pytest.approx(32 / got["training.step.duration"])
+    assert got["training.tokens.rate"] == pytest.approx(512 / got["training.step.duration"])

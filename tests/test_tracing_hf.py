@@ -116,6 +116,13 @@ def test_span_tree_and_attributes(tmp_path):
     assert all(isinstance(s.attributes["training.loss"], float) for s in steps)
     assert "training.learning_rate" in steps[0].attributes
     assert "training.grad_norm" in steps[0].attributes
+    # ... and as metrics (issue 19.2): the last step's numbers, a loss curve for any backend.
+    (loss,) = _metric_points("training.loss")
+    assert loss.value == steps[-1].attributes["training.loss"]
+    (lr,) = _metric_points("training.learning_rate")
+    assert lr.value == steps[-1].attributes["training.learning_rate"]
+    assert _metric_points("training.grad_norm")[0].value > 0
+    assert _metric_points("training.step.duration")[0].value > 0
     assert steps[0].end_time <= steps[1].start_time
     assert len(spans["evaluate"]) == 2
     assert all("training.eval_loss" in s.attributes for s in spans["evaluate"])

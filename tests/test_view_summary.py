@@ -92,6 +92,27 @@ def test_floor_trend_is_the_slope_of_the_engines_floor(slope, minutes, expected)
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize(("minutes", "shown"), [(20, False), (31, True)])
+def test_the_view_shows_a_floor_rate_only_once_the_detector_could_mean_it(minutes, shown) -> None:
+    # Issue 19.6: a rate after a few minutes (a warm-up ramp) is not shown; once the view has
+    # watched for the shortest window the leak detector alerts from (30 min here), it is.
+    from otel_gpu.detect.settings import DetectConfig
+
+    engine = Engine(DetectConfig(leak_min_window_s=1800.0, leak_urgent_window_s=1800.0))
+    snap = snapshot(1)
+    subject = f"process:1000@{U0}"
+    for i in range(minutes * 6):
+        t = 10.0 * i
+        engine.observe(subject, Point(t, used_bytes=20 * GIB + 400e6 / 3600 * t))
+    trend = engine.floor_trend(subject)
+    assert trend is not None and trend.rate is not None  # the engine has a slope either way
+    # watched for `minutes` (the view's first sweep that long before this one)
+    sweep = Sweep(snap, [(subject, Point(1000.0))], engine, Breaker())
+    frame = build_frame(sweep, started=1000.0 - 60.0 * minutes)
+    assert (frame.processes[0].trend is not None) == shown
+
+
+@pytest.mark.unit
 def test_frame_without_detection_says_so() -> None:
     frame = build_frame(Sweep(snapshot(1), [], None, None), started=1000.0)
     assert not frame.detecting and frame.processes[0].trend is None

@@ -18,6 +18,8 @@ from otel_gpu.agent.agent import Agent
 from otel_gpu.agent.points import snapshot_points
 from otel_gpu.agent.settings import Settings
 from otel_gpu.agent.watchdog import DetectionSettings, Watchdog
+from otel_gpu.detect.breaker import Breaker
+from otel_gpu.detect.engine import Engine
 from otel_gpu.detect.settings import DetectConfig
 from otel_gpu.sampling.sim import GIB, SimulatedSource
 from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, ProcessSample, Snapshot
@@ -247,3 +249,58 @@ def test_a_reused_pid_is_never_a_stop_target() -> None:
         child.kill()
         child.wait()
     assert start_ticks(child.pid) is None  # reaped: no process, no identity
+
+
+class _Notified:
+    """Records what the dispatcher was asked to notify."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, bool]] = []
+
+    def on_transition(self, t, notify: bool = True) -> None:  # noqa: ANN001
+        self.calls.append((t.subject, t.to_state, notify))
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        return
+
+
+@pytest.mark.unit
+def test_one_leak_in_one_process_is_one_notification_the_gpu_is_context() -> None:
+    # Issue 19.6: the GPU and its process both opening gave two notifications.
+    from otel_gpu.actions.notifiers import format_text
+    from otel_gpu.detect.model import Alert
+
+    uuid = "GPU-0c0c0c0c-0000-4000-8000-000000000000"
+    notified = _Notified()
+    wd = Watchdog(Engine(), Breaker(), dispatcher=notified)
+    snap = Snapshot(
+        time=100.0,
+        gpus=(GpuSample(uuid, 0, memory_used=8 * GIB, memory_total=80 * GIB),),
+        gpu_processes=(GpuProcessSample(42, uuid, used_memory=6 * GIB),),
+        processes=(ProcessSample(42, memory_rss=GIB),),
+    )
+    wd.on_snapshot(snap)  # both subjects are known now
+    process, gpu = f"process:42@{uuid}", f"gpu:{uuid}"
+    opened = []
+    for subject in (gpu, process):  # the GPU's transition comes first in a sweep
+        alert = Alert("leak", subject, 110.0, "warning", "floor rising 2000 MB/h",
+                      rate_bytes_per_s=2e9 / 3600)  # fmt: skip
+        opened += wd.breaker.record_alert(alert)
+    for t in opened:
+        wd._on_transition(t)
+    assert notified.calls == [(gpu, "open", False), (process, "open", True)]
+    title, body = format_text(opened[1], "job train")
+    assert "[job train]" in title and uuid in title and "2000 MB/h" in body
+    assert "/s" not in body
+    # A GPU leaking on its own still notifies.
+    other = "GPU-0d0d0d0d-0000-4000-8000-000000000000"
+    alone = wd.breaker.record_alert(Alert("leak", f"gpu:{other}", 120.0, "warning", "rising"))
+    for t in alone:
+        wd._on_transition(t)
+    assert notified.calls[-1] == (f"gpu:{other}", "open", True)
+
+
+@pytest.mark.unit
+def test_detection_settings_name_the_jobs_service() -> None:
+    assert DetectionSettings.load({"OTEL_SERVICE_NAME": "train"}).service == "train"
+    assert DetectionSettings.load({}).service == ""

@@ -144,8 +144,10 @@ class ActionDispatcher:
         with self._cv:
             return DeliveryStats(**vars(self._outbox.stats))
 
-    def on_transition(self, t: Transition) -> None:
-        """Fire the actions for ``t``. Never blocks on I/O and never raises."""
+    def on_transition(self, t: Transition, notify: bool = True) -> None:
+        """Fire the actions for ``t``. Never blocks on I/O and never raises. ``notify``:
+        False when ``t`` is context of another subject's problem (a GPU whose process is the
+        cause): logged, no notification of its own."""
         if os.getpid() != self._pid:
             return  # a forked child (e.g. a DataLoader worker) must not act for its parent
         try:
@@ -155,7 +157,7 @@ class ActionDispatcher:
                     add_alert_event(t.alert)
                 self._maybe_stop(t)
             event = transition_event(t)
-            if event in self._notify_on and self._notifiers:
+            if notify and event in self._notify_on and self._notifiers:
                 self._enqueue(t, event)
         except Exception as e:  # an action must never break detection
             log.error("action for %s failed: %s", t.subject, type(e).__name__)

@@ -86,7 +86,7 @@ def format_text(t: Transition, source: str = "") -> tuple[str, str]:
     if a is not None and t.to_state == OPEN:
         facts = []
         if a.rate_bytes_per_s is not None and math.isfinite(a.rate_bytes_per_s):
-            facts.append(f"rate {_fmt_bytes(a.rate_bytes_per_s)}/s")
+            facts.append(f"rate {a.rate_bytes_per_s * 3600 / 1e6:.0f} MB/h")
         if a.eta_s is not None and math.isfinite(a.eta_s):
             facts.append(f"full in {_fmt_duration(a.eta_s)}")
         if a.confidence is not None:
@@ -296,14 +296,6 @@ def _judge_code(body: bytes, keys: tuple[str, ...], retry_codes: frozenset[int])
             msg = doc.get("errmsg", doc.get("msg", doc.get("StatusMessage", "")))
             return Reply(False, code in retry_codes, f"{key}={code} {str(msg)[:200]}".strip())
     return OK
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.3g} {unit}"
-        n /= 1000
-    return f"{n:.3g} TB"
 
 
 def _fmt_duration(s: float) -> str:

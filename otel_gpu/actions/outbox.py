@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from otel_gpu.actions.notifiers import Reply, WebhookNotifier
 from otel_gpu.actions.redact import scrub
+from otel_gpu.core.backoff import exponential
 from otel_gpu.detect.breaker import Transition
 
 Note = tuple[int, str, tuple[object, ...]]  # (log level, message, args)
@@ -61,7 +62,7 @@ class RetryPolicy:
         """Seconds before the next try after ``attempt`` failed ones; ``rand`` in [0, 1)."""
         if retry_after is not None:
             return min(retry_after, self.retry_after_max_s)
-        backoff = min(self.backoff_s * 2 ** (attempt - 1), self.backoff_max_s)
+        backoff = exponential(attempt - 1, self.backoff_s, self.backoff_max_s)
         return backoff * (1.0 - self.jitter * rand)
 
 

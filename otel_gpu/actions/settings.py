@@ -10,6 +10,7 @@ The config file (``OTEL_GPU_ACTIONS_CONFIG``, ``.json`` or ``.toml``) uses the s
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from otel_gpu.detect.model import LEAK, STALL
 # during probation (HALF_OPEN -> OPEN, same episode); "half_open" = probing; "closed" = resolved.
 NOTIFY_CHOICES = ("open", "reopen", "half_open", "closed")
 KINDS = ALERT_KINDS  # what the registered detectors raise (detect/engine.py)
+MAX_ATTEMPTS = 100  # the most tries per notification OTEL_GPU_ACTIONS_MAX_ATTEMPTS accepts
 _PREFIX = "OTEL_GPU_"
 _CONFIG = "OTEL_GPU_ACTIONS_CONFIG"  # the settings file (read before the settings it holds)
 _DELIVERY = (
@@ -126,9 +128,14 @@ def _bool(where: str, value: Any) -> bool:
     return boolean(value, where)
 
 
-def _number(minimum: float, integer: bool = False) -> Parser:
-    accepted = f"use {'an integer' if integer else 'a number'} >= {minimum:g}"
-    parse = number(minimum, integer=integer, accepted=accepted)
+def _number(minimum: float, integer: bool = False, maximum: float = math.inf) -> Parser:
+    kind = "an integer" if integer else "a number"
+    accepted = (
+        f"use {kind} >= {minimum:g}"
+        if math.isinf(maximum)
+        else f"use {kind} from {minimum:g} to {maximum:g}"
+    )
+    parse = number(minimum, maximum, integer=integer, accepted=accepted)
     return lambda where, value: parse(value, where)
 
 
@@ -146,7 +153,8 @@ _PARSERS: dict[str, Parser] = {
     **_VENDOR_PARSERS,
     "notify_on": _choices(NOTIFY_CHOICES, allow_none=True),
     "queue_size": _number(1, integer=True),
-    "max_attempts": _number(1, integer=True),
+    # Bounded: with a backoff capped at backoff_max_s, more tries only hold the queue.
+    "max_attempts": _number(1, integer=True, maximum=MAX_ATTEMPTS),
     "timeout_s": _number(0.001),
     "backoff_s": _number(0.0),
     "backoff_max_s": _number(0.0),

@@ -27,6 +27,7 @@ from otel_gpu.sampling.sampler import Sampler
 from otel_gpu.sampling.source import DeviceSource
 
 if TYPE_CHECKING:  # the watchdog (psutil, the engine) is imported only when detection is on
+    from otel_gpu.agent.trainers import TrainerProgress
     from otel_gpu.agent.watchdog import DetectionSettings, InProcessTrainer, Watchdog
 
 log = logging.getLogger("otel_gpu.agent")
@@ -73,6 +74,7 @@ class Agent:
         detection: DetectionSettings | None = None,
         series_labels: Callable[[], SeriesLabels] | None = None,
         watchdog: Watchdog | None = None,
+        progress: TrainerProgress | None = None,
     ) -> None:
         """``detection``: the engine's, breaker's and actions' settings, resolved where the
         agent is built (default: their defaults); used when ``settings.detect``.
@@ -84,8 +86,12 @@ class Agent:
         ``series_labels``: extra attributes of GPU and process series (the DaemonSet's
         ``k8s.*``), looked up at each collection (otel_gpu/agent/labels.py).
         ``watchdog``: detection built by the caller (the demo's shortened windows), used
-        whatever ``settings.detect`` says; closed with the agent."""
+        whatever ``settings.detect`` says; closed with the agent.
+        ``progress``: the trainers' progress over the control channel
+        (:mod:`otel_gpu.agent.trainers`), polled after each sweep before detection; its phase
+        and step feed detection unless ``trainer`` or ``phase`` is given."""
         self.settings = settings
+        roots = tuple(roots)
         self.sampler: Sampler | SamplerProcess
         if source is None and settings.sampler == "process":
             self.sampler = SamplerProcess(
@@ -125,6 +131,10 @@ class Agent:
             meter = meter_provider.get_meter("otel_gpu", _version())
             self.instruments = metrics.register(meter, self.sampler.fresh, labels=series_labels)
             self.instruments += selfmetrics.register(meter, self.sampler, self.export_health)
+        if progress is not None:
+            self.sampler.add_listener(progress.on_snapshot)  # before the watchdog's
+            if trainer is None and phase is None:
+                trainer = progress.as_trainer()
         self.watchdog: Any = watchdog
         if watchdog is None and settings.detect:
             from otel_gpu.agent.watchdog import DetectionSettings, Watchdog
@@ -135,6 +145,17 @@ class Agent:
                 trainer=trainer,
                 phase=phase,
             )
+        if (
+            self.watchdog is not None
+            and settings.stall_diagnosis
+            and roots
+            and getattr(self.watchdog, "diagnosis", True) is None
+        ):
+            from otel_gpu.agent.diagnosis import DiagnosisQueue
+            from otel_gpu.agent.stall_diagnosis import StallDiagnoser
+            from otel_gpu.detect.model import STALL
+
+            self.watchdog.diagnosis = DiagnosisQueue({STALL: StallDiagnoser(roots)})
         if self.watchdog is not None:
             self.sampler.add_listener(self.watchdog.on_snapshot)
             if isinstance(self.sampler, SamplerProcess):
@@ -223,7 +244,7 @@ def start_in_process(
             from otel_gpu.agent.watchdog import DetectionSettings
 
             detection = DetectionSettings.load()
-        if not acquire_node_lock(settings.lock_dir):
+        if not acquire_node_lock(settings.lock_dir, os.environ.get("CUDA_VISIBLE_DEVICES")):
             return None
     except Exception as exc:
         log.warning("otel-gpu agent not started: %s", exc)

@@ -4,9 +4,10 @@
 snapshot is stale (a sweep that cannot finish, a sampler that keeps crashing) or when exports
 have failed for longer than ``OTEL_GPU_HEALTH_EXPORT_GRACE`` seconds. The body is one line of
 JSON with the reason. The check reads counters only (never NVML or /proc), and the server is
-bounded: at most :data:`MAX_WORKERS` requests are served at once, each connection gets
-:data:`CONNECTION_TIMEOUT_S` to send its request, and connections beyond that are closed at once,
-so idle or hostile clients cannot grow threads or block a probe for long.
+bounded: at most :data:`MAX_WORKERS` requests are served at once (plus one worker reserved for
+the probe paths), each connection gets :data:`CONNECTION_TIMEOUT_S` to send its whole request
+(read without holding a worker), and requests beyond that are closed at once, so idle, trickling
+or hostile clients cannot grow threads or hold a probe off (:mod:`otel_gpu.core.http`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from otel_gpu.agent.settings import Settings
 
 MAX_WORKERS = 4
-CONNECTION_TIMEOUT_S = 1.0  # to send the request line and headers: a probe needs far less
+CONNECTION_TIMEOUT_S = 1.0  # to send the whole request: a probe needs far less
 
 Check = Callable[[], tuple[bool, str]]
 

@@ -54,13 +54,17 @@ def guarded(command: list[str], read_fd: int, pid_fd: int, grace_s: float = GRAC
     """The argv that runs ``command`` under the guard, which watches ``read_fd`` (the read end
     of a pipe whose write end only the wrapper holds) and writes the job's PID to ``pid_fd``
     (pass both with ``pass_fds``)."""
-    return [sys.executable, "-I", "-S", os.path.abspath(__file__), str(read_fd), str(pid_fd),
-            f"{grace_s:g}", "--", *command]  # fmt: skip
+    from otel_gpu.core.child_python import python_argv  # here: the guard itself runs as a script
+
+    return python_argv(os.path.abspath(__file__), str(read_fd), str(pid_fd), f"{grace_s:g}", "--",
+                       *command, isolated=True)  # fmt: skip
 
 
 def available() -> bool:
     """Whether the job can be started under the guard here (Linux, a known interpreter)."""
-    return sys.platform.startswith("linux") and bool(sys.executable)
+    from otel_gpu.core.child_python import interpreter
+
+    return sys.platform.startswith("linux") and bool(interpreter())
 
 
 def main(argv: list[str]) -> int:

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
     from otel_gpu.agent.agent import Agent
     from otel_gpu.agent.labels import SeriesLabels
+    from otel_gpu.agent.trainers import TrainerProgress
     from otel_gpu.agent.watchdog import DetectionSettings, InProcessTrainer, Watchdog
     from otel_gpu.sampling.source import DeviceSource
 
@@ -69,6 +70,7 @@ class AgentInputs:
     trainer: InProcessTrainer | None = None  # the trainer's phase, step and graceful stop
     phase: Callable[[], str | None] | None = None  # the detectors' phase otherwise
     series_labels: Callable[[], SeriesLabels] | None = None  # extra series attributes (k8s.*)
+    progress: TrainerProgress | None = None  # the trainers' phase and step (agent/trainers.py)
 
 
 class Job(Protocol):
@@ -142,21 +144,23 @@ class NodeLock(SessionPart):
 
     name = "node lock"
 
-    def __init__(self, lock_dir: str | None = None) -> None:
-        """``lock_dir``: ``OTEL_GPU_LOCK_DIR`` (default: a private folder in the temp dir)."""
+    def __init__(self, lock_dir: str | None = None, visible: str | None = None) -> None:
+        """``lock_dir``: ``OTEL_GPU_LOCK_DIR`` (default: a private folder in the temp dir);
+        ``visible``: the job's ``CUDA_VISIBLE_DEVICES`` (the lock is per GPU set)."""
         self.lock_dir = lock_dir
+        self.visible = visible
         self.owned: bool | None = None  # None until prepared
 
     def prepare(self) -> None:
         from otel_gpu.agent.node_lock import acquire_node_lock
 
-        self.owned = acquire_node_lock(self.lock_dir)
+        self.owned = acquire_node_lock(self.lock_dir, self.visible, say=False)
 
 
 class Outputs(Protocol):
     """What a person sees locally (:class:`otel_gpu.outputs.run_outputs.RunOutputs`)."""
 
-    def attach(self, sampler: Any, watchdog: Any) -> None: ...
+    def attach(self, sampler: Any, watchdog: Any, progress: Any = None) -> None: ...
 
     def start(
         self, name: str, pid: int, settings: Any, resource: Mapping[str, Any] | None = None
@@ -273,11 +277,14 @@ class AgentSession:
                 detection=self.detection,
                 series_labels=inputs.series_labels,
                 watchdog=inputs.watchdog,
+                progress=inputs.progress,
             )
             for part in self.parts:
                 part.attach(self.agent, self.provider)
             if self.outputs is not None:
-                self.outputs.attach(self.agent.sampler, self.agent.watchdog)
+                self.outputs.attach(
+                    self.agent.sampler, self.agent.watchdog, progress=inputs.progress
+                )
             self.agent.start()
             for part in self.parts:
                 part.start()

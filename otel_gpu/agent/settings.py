@@ -150,6 +150,7 @@ DECLARED = (
     Setting(
         "detect", "OTEL_GPU_DETECT", boolean,
         "leak / stall detection in the agent", "true", "--no-detect", flag_const=False,
+        flag_doc="turn off leak / stall detection in the agent (no alerts, no breaker)",
     ),
     Setting(
         "shutdown_timeout_s", "OTEL_GPU_SHUTDOWN_TIMEOUT", _seconds(),
@@ -160,6 +161,19 @@ DECLARED = (
         "where the one-sampler-per-node lock lives: a directory only you can write (others' "
         "write access is refused; the lock file is never followed through a symlink)",
         "the runtime directory (`OTEL_GPU_RUNTIME_DIR`)",
+    ),
+    Setting(
+        "flight_recorder", "OTEL_GPU_FLIGHT_RECORDER", boolean,
+        "`otel-gpu run` (and a launcher under `opentelemetry-instrument`) turns on PyTorch's "
+        "flight recorder for the job: `TORCH_FR_BUFFER_SIZE` 2000, `TORCH_NCCL_DEBUG_INFO_PIPE_FILE`"
+        " and `TORCH_NCCL_DEBUG_INFO_TEMP_FILE` in the runtime directory, each only when unset; "
+        "`false`: none of them", "true",
+    ),
+    Setting(
+        "stall_diagnosis", "OTEL_GPU_STALL_DIAGNOSIS", boolean,
+        "a stall alert carries where the job is stuck: every rank's stacks, grouped, and the "
+        "collective a rank has not joined (see \"When a job hangs\"); `false`: it does not",
+        "true",
     ),
     Setting(
         "sampler", "OTEL_GPU_SAMPLER", choice(SAMPLER_MODES),
@@ -193,12 +207,23 @@ DECLARED = (
         "the server's Prometheus endpoint, scraped each interval (2 s timeout, 8 MiB cap)",
         "off", "--server-metrics", "URL",
     ),
+    Setting(
+        "instrument", "OTEL_GPU_INSTRUMENT", boolean,
+        "`run` loads the in-process part into a Python job started without "
+        "`opentelemetry-instrument` (a `sitecustomize` first on its `PYTHONPATH`; any other "
+        "`sitecustomize` still loads)", "true", "--no-instrument", flag_const=False,
+        flag_doc="do not load the in-process part into a Python job started without "
+        "opentelemetry-instrument",
+    ),
 )  # fmt: skip
 # The environment variable of each setting (the doctor and error messages name them).
 ENV = {s.name: s.env for s in DECLARED}
 # The options every watching command (run, watch, sidecar) takes; the sidecar adds its own.
-AGENT_OPTIONS = tuple(s for s in DECLARED if s.flag and s.name != "server_metrics")
+AGENT_OPTIONS = tuple(
+    s for s in DECLARED if s.flag and s.name not in ("server_metrics", "instrument")
+)
 SIDECAR_OPTIONS = tuple(s for s in DECLARED if s.name == "server_metrics")
+RUN_OPTIONS = tuple(s for s in DECLARED if s.name == "instrument")
 
 
 @dataclass(frozen=True)
@@ -220,6 +245,8 @@ class Settings:
     detect: bool = True  # run the detection engine in the agent
     shutdown_timeout_s: float = 5.0  # bound on flush + shutdown
     lock_dir: str | None = None  # where the node-ownership lock lives (default: temp dir)
+    flight_recorder: bool = True  # the job gets PyTorch's flight-recorder variables
+    stall_diagnosis: bool = True  # stall alerts wait (bounded) for where the job is stuck
     # process: NVML and /proc are read in a supervised helper process (crash-isolated);
     # thread: on a thread of the agent's own process (no isolation; for debugging).
     sampler: str = "process"
@@ -232,6 +259,8 @@ class Settings:
     cpu_budget: float = 2.0
     # The inference server's Prometheus URL the sidecar scrapes; None: no scrape.
     server_metrics: str | None = None
+    # run: load the in-process part into a Python job without opentelemetry-instrument.
+    instrument: bool = True
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **explicit: object) -> Settings:

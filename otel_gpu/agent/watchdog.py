@@ -35,7 +35,14 @@ from otel_gpu.core.signals import (
     Signal,
     observable,
 )
-from otel_gpu.detect.breaker import CLOSED, STATE_VALUES, Breaker, BreakerConfig, Transition
+from otel_gpu.detect.breaker import (
+    CLOSED,
+    OPEN,
+    STATE_VALUES,
+    Breaker,
+    BreakerConfig,
+    Transition,
+)
 from otel_gpu.detect.engine import DetectConfig, Engine
 from otel_gpu.detect.model import LEAK, Alert, Point
 from otel_gpu.detect.subject import SUBJECT_NAME
@@ -56,14 +63,20 @@ class DetectionSettings:
     detect: DetectConfig = field(default_factory=DetectConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     actions: ActionsConfig = field(default_factory=ActionsConfig)
+    service: str = ""  # the job's service.name, named in notifications
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None) -> DetectionSettings:
         """``OTEL_GPU_DETECT_*``, ``OTEL_GPU_BREAKER_*`` and the action settings (default: this
         process's environment); UsageError on the first bad one, before anything starts."""
+        from otel_gpu.core.job_identity import given_service_name
+
         env = os.environ if env is None else env
         return cls(
-            DetectConfig.from_env(env), BreakerConfig.from_env(env), ActionsConfig.from_env(env)
+            DetectConfig.from_env(env),
+            BreakerConfig.from_env(env),
+            ActionsConfig.from_env(env),
+            given_service_name(env) or "",
         )
 
 
@@ -113,6 +126,8 @@ class Watchdog:
         # The job's trainer processes (the only ones a stop may signal); the start time of a
         # PID is read just before a stop (injected in tests).
         self._trainers = Trainers(start_ticks or read_start_ticks)
+        # GPUs whose open breaker is context of a process's problem: no notification of their own.
+        self._quiet_gpus: set[str] = set()
         self.alert_listeners: list[Callable[[Alert], None]] = []
         self.transition_listeners: list[Callable[[Transition], None]] = []
         # After each sweep's detection, on the sampler thread: the snapshot and the points the
@@ -161,7 +176,11 @@ class Watchdog:
             request_fn=trainer.request_stop,
             not_the_jobs=watchdog.not_the_jobs,
         )
-        watchdog.dispatcher = ActionDispatcher.from_config(settings.actions, stopper=stopper)
+        watchdog.dispatcher = ActionDispatcher.from_config(
+            settings.actions,
+            stopper=stopper,
+            source=f"job {settings.service}" if settings.service else "",
+        )
         return watchdog
 
     def on_snapshot(self, snap: Snapshot) -> None:
@@ -244,6 +263,29 @@ class Watchdog:
             for t in transitions:
                 self._on_transition(t)
 
+    def _context_only(self, t: Transition) -> bool:
+        """Whether ``t`` is a GPU's transition while a process on that GPU has its breaker
+        open: one problem, one notification — the process's (the cause; its GPU is named in
+        it); the GPU's opening and its later resolution are logged only."""
+        if not t.subject.startswith("gpu:"):
+            return False
+        if t.to_state == OPEN:
+            suffix = "@" + t.subject.partition(":")[2]
+            with self._lock:
+                subjects = list(self._attrs)
+            cause = any(
+                s.startswith("process:") and s.endswith(suffix) and self.breaker.state(s) == OPEN
+                for s in subjects
+            )
+            if cause:
+                self._quiet_gpus.add(t.subject)
+            return cause
+        if t.subject in self._quiet_gpus:
+            if t.to_state == CLOSED:
+                self._quiet_gpus.discard(t.subject)
+            return True
+        return False
+
     def _on_alert(self, alert: Alert) -> None:
         with self._lock:
             key = (alert.subject, alert.kind)
@@ -256,7 +298,10 @@ class Watchdog:
 
     def _on_transition(self, t: Transition) -> None:
         if self.dispatcher is not None:
-            self.dispatcher.on_transition(t)
+            if self._context_only(t):
+                self.dispatcher.on_transition(t, notify=False)
+            else:
+                self.dispatcher.on_transition(t)
         for listener in self.transition_listeners:
             listener(t)
 

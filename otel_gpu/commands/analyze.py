@@ -15,7 +15,7 @@ import argparse
 import io
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from otel_gpu.commands.common import add_command
@@ -64,6 +64,16 @@ def _read_settings(path: str) -> dict[str, Any]:
     return data
 
 
+def _after_first(rows: Iterator[Any], then: Callable[[], None]) -> Iterator[Any]:
+    """``rows``, calling ``then`` once the first one has been read."""
+    first = True
+    for row in rows:
+        if first:
+            first = False
+            then()
+        yield row
+
+
 def run(args: argparse.Namespace) -> int:
     engine = Engine(load_config(args.config))
     failed = False
@@ -71,23 +81,32 @@ def run(args: argparse.Namespace) -> int:
     warned: set[str] = set()
 
     for name in args.files:
+        # Said once the file reads as a trace: a file that is no CSV at all (analyze train.py)
+        # gets its one error line, not first a warning about its "columns".
+        pending: list[str] = []
 
-        def unknown(columns: list[str], name: str = name) -> None:
+        def unknown(columns: list[str], name: str = name, pending: list[str] = pending) -> None:
             new = [c for c in columns if c not in warned]
             warned.update(new)
-            if new:
+            pending.extend(new)
+
+        def say_unknown(name: str = name, pending: list[str] = pending) -> None:
+            if pending:
                 print(
-                    f"otel-gpu: warning: {name}: ignoring column(s) {', '.join(new)}; the "
+                    f"otel-gpu: warning: {name}: ignoring column(s) {', '.join(pending)}; the "
                     f"detectors read {', '.join(COLUMNS)}",
                     file=sys.stderr,
                 )
+                pending.clear()
 
         # Streamed: one row in memory at a time, each alert printed when it is raised.
         span = _Span()
         alerts = 0
         try:
             rows = iter_rows(name, stream=_stdin() if name == "-" else None, on_unknown=unknown)
-            for row, alert in replay_iter(engine, subject_for(name), span.count(rows)):
+            for row, alert in replay_iter(
+                engine, subject_for(name), span.count(_after_first(rows, say_unknown))
+            ):
                 alerts += 1
                 record: dict[str, Any] = {
                     "file": name,
@@ -102,9 +121,11 @@ def run(args: argparse.Namespace) -> int:
                 out.write(json.dumps(record) + "\n")
         except TraceError as exc:
             out.flush()
-            print(f"otel-gpu: error: {exc}", file=sys.stderr)
+            what = f"{name} is not a CSV trace or recording: " if pending else ""
+            print(f"otel-gpu: error: {what}{exc}", file=sys.stderr)
             failed = True
             continue
+        say_unknown()
         out.flush()
         print(f"otel-gpu: {span.summary(name, alerts)}", file=sys.stderr)
     return 2 if failed else 0

@@ -26,6 +26,7 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_gpu.agent.settings import SIM_SCENARIOS, Settings
 from otel_gpu.commands.common import add_command
+from otel_gpu.core.child_python import python_argv
 from otel_gpu.core.http import BoundedServer
 from otel_gpu.core.settings import Setting, add_options, choice, given, number, resolve
 from otel_gpu.outputs.run_outputs import RunOutputs
@@ -224,7 +225,7 @@ class DemoWorkload:
             return None
         # The workload ignores Ctrl-C (the terminal sends it to the whole group): the demo
         # stops it.
-        self.child = subprocess.Popen([sys.executable, "-c", _IGNORE_SIGINT + WORKLOAD])
+        self.child = subprocess.Popen(python_argv("-c", _IGNORE_SIGINT + WORKLOAD))
         print(
             f"otel-gpu demo: watching PID {self.child.pid} on a simulated GPU "
             f"({self.opts.scenario}), simulated time runs 120x faster; Ctrl-C to stop.",

@@ -75,7 +75,40 @@ def doctor(args: argparse.Namespace) -> int:
 def run_checks(settings: Settings) -> Iterator[Check]:
     yield from _guard("gpu", lambda: _gpu_checks(settings))
     yield from _guard("git", _git_check)
+    yield from _guard("node lock", lambda: _lock_checks(settings))
     yield from _guard("exporter", lambda: iter([_endpoint_check(settings)]))
+
+
+def _lock_checks(settings: Settings) -> Iterator[Check]:
+    """Who samples this user's GPUs now: the holder of each node lock (one per GPU set)."""
+    from otel_gpu.agent.node_lock import LOCK_PREFIX, holder, lock_directory
+
+    directory = lock_directory(settings.lock_dir)
+    try:
+        names = sorted(
+            n for n in os.listdir(directory) if n.startswith(LOCK_PREFIX) and n.endswith(".lock")
+        )
+    except OSError as exc:
+        yield Check(WARN, "node lock", f"cannot list {directory}: {exc.strerror or exc}")
+        return
+    held = False
+    for name in names:
+        found = holder(os.path.join(directory, name))
+        if found is None:
+            continue
+        held = True
+        gpus = name.removeprefix(f"{LOCK_PREFIX}-").removesuffix(".lock")
+        which = "all GPUs" if name == f"{LOCK_PREFIX}.lock" else f"GPUs {gpus}"
+        yield Check(
+            OK,
+            "node lock",
+            f"{which} sampled by PID {found[0]} ({found[1]}); other instrumented jobs of "
+            f"yours on them export their own spans and training metrics ({directory}/{name})",
+        )
+    if not held:
+        yield Check(
+            OK, "node lock", f"free: the next instrumented job samples its GPUs ({directory})"
+        )
 
 
 def _guard(name: str, checks: Callable[[], Iterator[Check]]) -> Iterator[Check]:

@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
             "otel-gpu report needs matplotlib: pip install 'otel-gpu[report]'"
         ) from None
     from otel_gpu.commands.analyze import load_config
+    from otel_gpu.core.private_files import open_private
     from otel_gpu.detect.breaker import BreakerConfig
     from otel_gpu.detect.trace import read_rows
     from otel_gpu.outputs.report.page import page
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         for name in args.files
     ]
     try:
-        with open(args.output, "w", encoding="utf-8") as fh:
+        with open_private(args.output, "w", encoding="utf-8") as fh:  # created 0600
             fh.write(page(runs))
     except OSError as exc:
         raise UsageError(

@@ -8,6 +8,8 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from otel_gpu.agent.session import AgentInputs, SessionPart
+from otel_gpu.agent.settings import RUN_OPTIONS, Settings
 from otel_gpu.commands.common import (
     add_agent_options,
     add_command,
@@ -23,6 +25,9 @@ from otel_gpu.core.job_identity import (
     ensure_instance_id,
     given_service_name,
 )
+from otel_gpu.core.runtime_dir import RUNTIME_DIR_ENV, runtime_dir
+from otel_gpu.core.settings import add_options
+from otel_gpu.diagnose.collectives import flight_recorder_env
 from otel_gpu.outputs.run_outputs import RunOutputs, add_output_options
 
 
@@ -37,6 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         code (128+N when a signal N ended it).""",
     )
     add_agent_options(parser)
+    add_options(parser, RUN_OPTIONS)
     add_output_options(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     parser.set_defaults(func=run)
@@ -85,12 +91,19 @@ def run(args: argparse.Namespace) -> int:
     from otel_gpu.agent.session import AgentSession, NodeLock
 
     env = shared_identity(job_environment(), args.service_name or default_service_name(cmd))
+    directory = hand_to_trainer(env, settings, given_flags(args))
+    if settings.flight_recorder:
+        env.update(flight_recorder_env(env, directory))
     session = AgentSession(
         settings,
         LaunchedCommand(cmd, env),
         resource=lambda: build_resource(args.service_name, cmd, settings, env),
         outputs=lambda: RunOutputs(args, f"otel-gpu run {os.path.basename(cmd[0])}"),
-        parts=[NodeLock(settings.lock_dir)],
+        parts=[
+            NodeLock(settings.lock_dir, os.environ.get("CUDA_VISIBLE_DEVICES")),
+            TrainerJoin(directory),
+        ],
+        env=env,  # the detection settings, and the job's service.name for notifications
     )
     code = session.run()
     assert code is not None
@@ -107,3 +120,61 @@ def shared_identity(env: dict[str, str], service_name: str) -> dict[str, str]:
     if service_name != given_service_name(env):
         env[SERVICE_NAME_ENV] = service_name
     return env
+
+
+class TrainerJoin(SessionPart):
+    """The job's trainers polled after each sweep (:mod:`otel_gpu.agent.trainers`) in
+    ``directory``, the runtime directory the job was handed: their phase and step reach the
+    detectors, the view, the recording and the summary."""
+
+    name = "trainer join"
+
+    def __init__(self, directory: str) -> None:
+        from otel_gpu.agent.trainers import TrainerProgress
+
+        self.progress = TrainerProgress(directory)
+
+    def configure(self, inputs: AgentInputs) -> None:
+        inputs.progress = self.progress
+
+
+def given_flags(args: argparse.Namespace) -> set[str]:
+    """The agent settings given on the command line (not from the environment)."""
+    from otel_gpu.agent.settings import DECLARED
+    from otel_gpu.core.settings import given
+
+    return {name for name, value in given(args, DECLARED).items() if value is not None}
+
+
+# Each signal's exporter variable of the OpenTelemetry SDK, which the distro defaults to otlp.
+SIGNAL_EXPORTERS = ("OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER")
+
+
+def hand_to_trainer(env: dict[str, str], settings: Settings, flags: set[str]) -> str:
+    """What the job's processes need from the wrapper, put into ``env`` (the job's): the
+    runtime directory their control sockets go to (returned), where their telemetry goes, and
+    the in-process part for Python processes started without ``opentelemetry-instrument``.
+
+    Export: each signal's exporter follows the wrapper's (``--exporter``: ``otlp`` is handed
+    on; ``prometheus`` is the wrapper's own port and ``console`` the wrapper's stdout, which a
+    trainer would write into the job's own output, so neither is; ``none`` is none), and
+    ``--endpoint`` / ``--export-interval`` are passed on; a variable the user set in the job's
+    environment is always left as it is."""
+    user = dict(env)
+    directory = runtime_dir(env)
+    env[RUNTIME_DIR_ENV] = directory
+    names = [n for n in settings.exporters if n == "otlp"]
+    for variable in SIGNAL_EXPORTERS:
+        if variable not in user:
+            env[variable] = ",".join(names) or "none"
+    if "endpoint" in flags and settings.endpoint and "OTEL_EXPORTER_OTLP_ENDPOINT" not in user:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = settings.endpoint
+    if "export_interval_s" in flags and "OTEL_METRIC_EXPORT_INTERVAL" not in user:
+        env["OTEL_METRIC_EXPORT_INTERVAL"] = str(round(settings.export_interval_s * 1000))
+    if settings.instrument:
+        from otel_gpu.tracing.autoload import AUTOLOAD_DIR
+
+        path = env.get("PYTHONPATH", "")
+        parts = [p for p in path.split(os.pathsep) if p and p != AUTOLOAD_DIR]
+        env["PYTHONPATH"] = os.pathsep.join([AUTOLOAD_DIR, *parts])
+    return directory

@@ -42,7 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--match",
         metavar="NAME",
         action="append",
-        help="watch only processes whose executable name contains NAME, and their children "
+        help="watch only processes whose executable name (or, for python, script or -m "
+        "module name) contains NAME, and their children "
         "(repeatable; waits until one runs); default: every process of the pod",
     )
     add_options(parser, SIDECAR_OPTIONS)

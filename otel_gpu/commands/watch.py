@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import psutil
 
@@ -62,7 +63,7 @@ def watch(args: argparse.Namespace) -> int:
         RunningTree(args.pid, st.starttime, name),
         resource=lambda: build_resource(args.service_name, [name], settings),
         outputs=lambda: RunOutputs(args, f"otel-gpu watch {name}"),
-        parts=[NodeLock(settings.lock_dir)],
+        parts=[NodeLock(settings.lock_dir, os.environ.get("CUDA_VISIBLE_DEVICES"))],
     )
     session.run()
     return 0

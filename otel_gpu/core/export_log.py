@@ -166,6 +166,34 @@ class EpisodeReportingExporter(MetricExporter):
         self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
 
 
+class EpisodeReportingSignalExporter:
+    """Wraps a span or log record exporter the same way: same exports, failures reported once
+    per episode (the SDK's retry lines dropped). Everything else is the wrapped exporter's."""
+
+    def __init__(self, inner: Any, what: str, episodes: ExportEpisodes | None = None) -> None:
+        self._inner = inner
+        self._episodes = episodes or ExportEpisodes(what)
+        self._causes = _cause_keeper()
+
+    def export(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        self._causes.last = ""
+        try:
+            result = self._inner.export(batch, *args, **kwargs)
+        except Exception as exc:
+            self._report(False, f"{type(exc).__name__}: {exc}")
+            raise
+        self._report(getattr(result, "name", "") == "SUCCESS", self._causes.last)
+        return result
+
+    def _report(self, ok: bool, cause: str) -> None:
+        line = self._episodes.result(ok, cause)
+        if line:
+            log.warning("%s", line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 class _ObservedStub:
     """A gRPC metrics stub whose ``Export`` answers are also handed to ``on_reply``."""
 

@@ -24,7 +24,7 @@ PROMETHEUS_DEFAULT_HOST = "localhost"
 PROMETHEUS_DEFAULT_PORT = 9464
 
 SCRAPE_WORKERS = 8  # scrapes served at once (Prometheus replicas, a curl); more are closed
-SCRAPE_TIMEOUT_S = 5.0  # per socket read or write: a client that stalls is dropped
+SCRAPE_TIMEOUT_S = 5.0  # for the whole request, and per write: a client that stalls is dropped
 
 
 class ScrapeEndpoint(PrometheusMetricReader):

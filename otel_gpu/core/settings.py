@@ -127,9 +127,15 @@ class Setting:
     env_parse: Parser | None = None
     # A flag that may be given more than once; the parser gets the list of its values.
     repeat: bool = False
+    # The --help line of a flag that turns the setting off (``--no-detect``), which the doc
+    # (what the setting is) would read as the opposite of.
+    flag_doc: str | None = None
 
     def help(self) -> str:
         """The ``--help`` line: the doc, the variable and the default."""
+        if self.flag_doc is not None and self.flag_const is False:
+            where = f"env {self.env}=false" if self.env else "no variable"
+            return f"{self.flag_doc} ({where}; on by default)".replace("%", "%%")
         where = f"env {self.env}, " if self.env else ""
         return f"{self.doc} ({where}default {self.default})".replace("%", "%%")
 

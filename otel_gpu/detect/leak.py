@@ -51,7 +51,15 @@ from otel_gpu.detect.floor import (
     median,
     theil_sen,
 )
-from otel_gpu.detect.model import LEAK, PHASE_EVALUATE, PHASE_LOAD, PHASE_SAVE, Alert, Point
+from otel_gpu.detect.model import (
+    LEAK,
+    PHASE_EVALUATE,
+    PHASE_LOAD,
+    PHASE_SAVE,
+    Alert,
+    Point,
+    canonical_phase,
+)
 from otel_gpu.detect.settings import DetectConfig
 
 WINDOWS = (16, 32)
@@ -144,7 +152,7 @@ class LeakDetector:
             return NO_ALERTS
         if self.last_floor is not None and used < 0.5 * self.last_floor:
             self.reset()  # the floor halved: a restart or a different workload
-        if p.phase in _SKIP_PHASES:
+        if p.phase is not None and canonical_phase(p.phase) in _SKIP_PHASES:
             return NO_ALERTS
 
         t = p.time
@@ -327,7 +335,7 @@ def leak_alert(subject: str, p: Point, f: LeakFinding) -> Alert:
     mb_per_h = f.rate * 3600 / 1e6
     parts = [
         f"memory leak suspected: floor rising {mb_per_h:.0f} MB/h "
-        f"({f.rate:.0f} By/s) steadily over {duration(f.window_s)}"
+        f"steadily over {duration(f.window_s)}"
     ]
     if p.limit_bytes:
         parts.append(f"at {gb(f.floor)} of {gb(p.limit_bytes)}")

@@ -23,6 +23,35 @@ PHASE_LOAD = "load"
 PHASE_TRAIN = "train"
 PHASE_EVALUATE = "evaluate"
 PHASE_SAVE = "save"
+# The names people give phases (spans, CSV columns, metric attributes), lower case, each
+# to one of the four above; read through :func:`canonical_phase` wherever a phase is read.
+PHASE_ALIASES = {
+    "load": PHASE_LOAD,
+    "load_model": PHASE_LOAD,
+    "load_data": PHASE_LOAD,
+    "loading": PHASE_LOAD,
+    "train": PHASE_TRAIN,
+    "training": PHASE_TRAIN,
+    "fit": PHASE_TRAIN,
+    "evaluate": PHASE_EVALUATE,
+    "evaluation": PHASE_EVALUATE,
+    "eval": PHASE_EVALUATE,
+    "validation": PHASE_EVALUATE,
+    "validate": PHASE_EVALUATE,
+    "val": PHASE_EVALUATE,
+    "test": PHASE_EVALUATE,
+    "save": PHASE_SAVE,
+    "save_checkpoint": PHASE_SAVE,
+    "checkpoint": PHASE_SAVE,
+    "checkpointing": PHASE_SAVE,
+}
+
+
+def canonical_phase(name: str | None) -> str | None:
+    """``name`` as one of the four phases when it is a known alias (any case), else as is."""
+    if name is None:
+        return None
+    return PHASE_ALIASES.get(name) or PHASE_ALIASES.get(name.strip().lower(), name)
 
 
 @dataclass(slots=True)

@@ -149,7 +149,13 @@ class DetectConfig:
     stall_step_factor: float = _declare(
         20.0,
         _POSITIVE,
-        "steps not advancing for max(window, this many typical step intervals) is a stall",
+        "in the train phase, no step for max(floor, this many typical step times) is a stall"
+        " (phase unknown: max(window, ...))",
+    )
+    stall_step_floor_s: float = _declare(
+        60.0,
+        _POSITIVE,
+        "the shortest step-aware stall limit in the train phase (fast steps, jittery sampling)",
     )
 
     # --- threshold and hardware --------------------------------------------------------------

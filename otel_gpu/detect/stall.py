@@ -2,7 +2,13 @@
 
 A subject is idle when its smoothed utilization is near zero, or spinning when utilization is
 pinned high at near-idle power (a hung collective). A stall is an idle or spinning run that
-lasts ``stall_window_s`` while memory stays held, or training steps that stop advancing.
+lasts ``stall_window_s`` while memory stays held, or training steps that stop advancing: in
+the train phase for max(``stall_step_floor_s``, ``stall_step_factor`` x the typical step time),
+the median of the recent ones (so a job stepping every second is judged within about a minute
+and steps that slow down but keep coming are not a stall), stretched like the window by the
+step pauses that ended on their own (an unmarked checkpoint save); without phase information for
+max(window, factor x typical step time). Phases are read through ``canonical_phase`` (``eval``,
+``val``, ``checkpoint``, ... are evaluate or save).
 
 No alarm:
 - during a known load, evaluate or save phase (up to ``stall_phase_max_s``);
@@ -21,17 +27,28 @@ time constant, or steps advancing again — or the job lets go of the GPU.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from otel_gpu.core.units import duration
 from otel_gpu.detect.detector import NO_ALERTS, Condition, gb
-from otel_gpu.detect.model import PHASE_EVALUATE, PHASE_LOAD, PHASE_SAVE, STALL, Alert, Point
+from otel_gpu.detect.model import (
+    PHASE_EVALUATE,
+    PHASE_LOAD,
+    PHASE_SAVE,
+    PHASE_TRAIN,
+    STALL,
+    Alert,
+    Point,
+    canonical_phase,
+)
 from otel_gpu.detect.settings import DetectConfig
 
 _QUIET_PHASES = frozenset((PHASE_LOAD, PHASE_EVALUATE, PHASE_SAVE))
 _GIB = float(1 << 30)
+_GAPS = 15  # recent step times kept for the typical one (their median)
 
 IDLE = "idle"
 SPIN = "spin"
@@ -73,6 +90,8 @@ class StallDetector:
         "last_step",
         "step_changed",
         "step_interval",
+        "step_gaps",
+        "longest_freeze",
         "alerted",
         "steps_alerted",
         "power_frac",
@@ -99,7 +118,9 @@ class StallDetector:
         self.phase_since = 0.0
         self.last_step: float | None = None
         self.step_changed: float | None = None
-        self.step_interval: float | None = None
+        self.step_interval: float | None = None  # the typical step time (median of the gaps)
+        self.step_gaps: deque[float] = deque(maxlen=_GAPS)
+        self.longest_freeze = 0.0  # the longest train-phase step pause that ended on its own
         self.alerted = False
         self.steps_alerted = False
         self.power_frac: float | None = None
@@ -152,8 +173,9 @@ class StallDetector:
             # full path below could only record the time and the phase, so do just that.
             self.last_t = t
             self.raw_idle_since = self.raw_mode = None
-            if p.phase != self.phase:
-                self.phase = p.phase
+            phase = canonical_phase(p.phase)
+            if phase != self.phase:
+                self.phase = phase
                 self.phase_since = t
             return NO_ALERTS
         cfg = self.cfg
@@ -170,8 +192,9 @@ class StallDetector:
         elif raw != self.raw_mode or self.raw_idle_since is None:
             self.raw_idle_since = t
         self.raw_mode = raw
-        if p.phase != self.phase:
-            self.phase = p.phase
+        phase = canonical_phase(p.phase)
+        if phase != self.phase:
+            self.phase = phase
             self.phase_since = t
 
         # Not holding the GPU: finished or not started; nothing can be stalled.
@@ -185,12 +208,14 @@ class StallDetector:
             self.worked = False
             self.last_step = None
             self.step_interval = None
+            self.step_gaps.clear()
+            self.longest_freeze = 0.0
             self.steps_alerted = False
             return NO_ALERTS
 
         steps_moving = self._track_steps(t, p.step)
         mode = self._classify(p)
-        if p.phase in _QUIET_PHASES and t - self.phase_since < cfg.stall_phase_max_s:
+        if phase in _QUIET_PHASES and t - self.phase_since < cfg.stall_phase_max_s:
             # Sanctioned pause: not counted, and it does not stretch the window either.
             self.idle_since = None
             self.alerted = False
@@ -234,6 +259,8 @@ class StallDetector:
         duration = t - self.idle_since
         if not self.alerted and duration >= self.window():
             self.alerted = True
+            if self.steps_alerted:
+                return NO_ALERTS  # the same stall, already told by its frozen steps
             found = StallFinding(
                 mode, self.idle_since, duration, self.util_s, self.power_frac, p.used_bytes
             )
@@ -288,9 +315,17 @@ class StallDetector:
             return False
         if step > self.last_step:
             if self.step_changed is not None:
-                gap = (t - self.step_changed) / (step - self.last_step)
-                prev = self.step_interval
-                self.step_interval = gap if prev is None else prev + 0.2 * (gap - prev)
+                if self.step_interval is not None and self.phase == PHASE_TRAIN:
+                    # A pause in training that ended on its own (an unmarked checkpoint save):
+                    # steps pausing that long again are that pause, not a hang. A pause longer
+                    # than the stall window teaches nothing (a hang that came unstuck).
+                    freeze = t - max(self.step_changed, self.phase_since)
+                    if freeze < self.cfg.stall_window_s:
+                        self.longest_freeze = max(self.longest_freeze, freeze)
+                gaps = self.step_gaps
+                gaps.append((t - self.step_changed) / (step - self.last_step))
+                ordered = sorted(gaps)
+                self.step_interval = ordered[len(ordered) // 2]
             self.last_step = step
             self.step_changed = t
             self.steps_alerted = False
@@ -310,13 +345,23 @@ class StallDetector:
         """Steps reported and advancing before, now frozen far longer than usual."""
         if self.step_interval is None or self.step_changed is None or self.steps_alerted:
             return NO_ALERTS
-        limit = max(self.window(), self.cfg.stall_step_factor * self.step_interval)
-        frozen = t - self.step_changed
+        cfg = self.cfg
+        typical = cfg.stall_step_factor * self.step_interval
+        if self.phase == PHASE_TRAIN:
+            # Training, by the job's own word: its steps are the evidence, from the later of
+            # the last step and the phase's start (after an evaluation, steps resume).
+            since = max(self.step_changed, self.phase_since)
+            learned = min(cfg.stall_window_max_s, cfg.stall_adapt_factor * self.longest_freeze)
+            limit = max(cfg.stall_step_floor_s, typical, learned)
+        else:
+            since = self.step_changed
+            limit = max(self.window(), typical)
+        frozen = t - since
         if frozen >= limit:
             self.steps_alerted = True
-            found = StallFinding(
-                STEPS, self.step_changed, frozen, self.util_s, self.power_frac, p.used_bytes
-            )
+            if self.alerted:
+                return NO_ALERTS  # the same stall, already told by the GPU's idleness
+            found = StallFinding(STEPS, since, frozen, self.util_s, self.power_frac, p.used_bytes)
             return self._alert(subject, p, found)
         return NO_ALERTS
 

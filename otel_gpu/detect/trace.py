@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, TextIO
 
 from otel_gpu.core.errors import UsageError
 from otel_gpu.detect.engine import Engine
-from otel_gpu.detect.model import NUMERIC_FIELDS, Alert, Point, point
+from otel_gpu.detect.model import NUMERIC_FIELDS, Alert, Point, canonical_phase, point
 
 REQUIRED = ("time_s", "used_bytes", "limit_bytes")
 # Every column a detector reads (NUMERIC_FIELDS starts with used_bytes, limit_bytes), and a
@@ -167,7 +167,7 @@ def _parse(
                 raise TraceError(f"{name}:{line}: procs {row[i_procs]!r} is not an integer")
             values["procs"] = None if procs is None else int(procs)
         if i_phase is not None:
-            values["phase"] = read_text_cell(row[i_phase]) or None
+            values["phase"] = canonical_phase(read_text_cell(row[i_phase]) or None)
         subject = read_text_cell(row[i_subject]) or None if i_subject is not None else None
         label = read_text_cell(row[i_label]) or None if i_label is not None else None
         yield Row(subject, label, point(t, values))

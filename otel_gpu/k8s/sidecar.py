@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from otel_gpu.agent.session import AgentInputs, SessionPart
+from otel_gpu.core.commandline import PYTHON, python_target
 from otel_gpu.core.errors import UsageError
 from otel_gpu.k8s.pod import (
     POD_ROOT_PID,
@@ -116,15 +117,25 @@ class PodProcesses:
 
 
 def _named(pid: int, names: list[str], proc_root: str) -> bool:
-    """The process's executable name (comm, or argv[0]'s basename) contains one of ``names``."""
+    """The process's executable name (comm, or argv[0]'s basename) contains one of ``names``;
+    for a Python interpreter, also the script's file name or the ``-m`` module it runs
+    (``--match train`` finds ``python train.py``)."""
     try:
         with open(os.path.join(proc_root, str(pid), "comm"), encoding="utf-8") as f:
             comm = f.read().strip()
         with open(os.path.join(proc_root, str(pid), "cmdline"), "rb") as f:
-            argv0 = os.path.basename(f.read(4096).split(b"\0", 1)[0].decode(errors="replace"))
+            argv = [a.decode(errors="replace") for a in f.read(4096).split(b"\0")]
     except OSError:
         return False
-    return any(name in comm or name in argv0 for name in names)
+    argv0 = os.path.basename(argv[0]) if argv else ""
+    seen = [comm, argv0]
+    if PYTHON.match(argv0) or PYTHON.match(comm):
+        target = python_target([a for a in argv[1:] if a])
+        if target.kind == "script":
+            seen.append(os.path.basename(target.value))
+        elif target.kind == "module":
+            seen.append(target.value)
+    return any(name in text for name in names for text in seen)
 
 
 class PodAttribution(SessionPart):

@@ -14,6 +14,8 @@ as a formula (``=``, ``+``, ``-``, ``@`` first) is written behind a ``'``; ``ana
 Two comment lines carry the run's context for ``otel-gpu report``: after the header
 ``# otel-gpu context {JSON}`` (host, service, git revision and dirty flag, start date, simulated)
 and at the end ``# otel-gpu end {JSON}`` (command, redacted; exit code; end date; wall duration).
+Each diagnosed alert adds ``# otel-gpu diagnosis {JSON}`` (time, kind, subject, message, the
+diagnosis's lines, time taken or error; redacted), which the report lists beside the alerts.
 ``analyze`` and ``report`` skip every line that starts with ``#`` (pandas: ``comment="#"``).
 
 The sampler thread only queues each sweep's rows (bounded: when the disk stalls, whole sweeps
@@ -32,7 +34,9 @@ import threading
 from typing import IO, Any
 
 from otel_gpu.core.errors import UsageError
-from otel_gpu.detect.model import NUMERIC_FIELDS
+from otel_gpu.core.private_files import open_private
+from otel_gpu.core.redact import redact_value
+from otel_gpu.detect.model import NUMERIC_FIELDS, Alert
 from otel_gpu.detect.trace import text_cell
 from otel_gpu.outputs.sweeps import Sweep, labels
 
@@ -43,12 +47,13 @@ COLUMNS = ("subject", "label", "time_s", *NUMERIC_FIELDS, "procs", "phase")
 _QUEUE_SWEEPS = 256
 CONTEXT_LINE = "# otel-gpu context "
 END_LINE = "# otel-gpu end "
+DIAGNOSIS_LINE = "# otel-gpu diagnosis "
 
 
 def open_recording(path: str, flag: str = "--record") -> IO[str]:
     """Open (truncate) the recording now, so a bad path is refused before the job starts."""
     try:
-        return open(path, "w", newline="", encoding="utf-8")  # noqa: SIM115 - the writer closes it
+        return open_private(path, "w", newline="", encoding="utf-8")  # 0600: the job's names
     except OSError as exc:
         raise UsageError(
             f"{flag} {path}: cannot write ({exc.strerror or exc}); give a writable file path"
@@ -81,20 +86,26 @@ def rows(sweep: Sweep, named: dict[str, str]) -> list[list[Any]]:
 
 
 class Recorder:
-    """Writes sweeps to an open CSV file from its own thread."""
+    """Writes sweeps to an open CSV file from its own thread. A write that fails (a full disk,
+    an I/O error) stops the recording with one warning; nothing of it reaches the job or the
+    wrapper's exit code, and the other outputs are written as usual."""
 
-    def __init__(self, fh: IO[str]) -> None:
+    def __init__(self, fh: IO[str], name: str = "--record") -> None:
         self._fh = fh
+        self.name = name  # how the warnings name it: "--record FILE"
         self._writer = csv.writer(fh)
-        self._writer.writerow(COLUMNS)
         self._queue: queue.Queue[list[list[Any]] | str | None] = queue.Queue(_QUEUE_SWEEPS)
         self._named: dict[str, str] = {}
         self.dropped_sweeps = 0
+        self.failed: str | None = None  # why the recording stopped
+        self._queue.put_nowait([list(COLUMNS)])  # written (and failing) on the writer thread
         self._thread = threading.Thread(target=self._run, name="otel-gpu-record", daemon=True)
         self._thread.start()
 
     def on_sweep(self, sweep: Sweep) -> None:
         """On the sampler thread: queue the rows, never wait."""
+        if self.failed is not None:
+            return  # said once; nothing more is written
         try:
             self._queue.put_nowait(rows(sweep, self._named))
         except queue.Full:
@@ -106,6 +117,23 @@ class Recorder:
         """The run's context line (``report`` shows it); never waits."""
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(_comment(CONTEXT_LINE, context))
+
+    def on_alert(self, alert: Alert) -> None:
+        """A diagnosed alert's diagnosis as a comment line (``report`` shows it); never waits."""
+        d = alert.diagnosis
+        if d is None:
+            return
+        found = {
+            "time": alert.time,
+            "kind": alert.kind,
+            "subject": alert.subject,
+            "message": alert.message,
+            "lines": list(d.lines),
+            "took_s": d.took_s,
+            "error": d.error,
+        }
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(_comment(DIAGNOSIS_LINE, redact_value(found)))
 
     def _run(self) -> None:
         while True:
@@ -119,20 +147,32 @@ class Recorder:
                     self._writer.writerows(batch)
                 self._fh.flush()
             except OSError as exc:
-                log.warning("recording stopped: %s", exc)
+                self._fail(exc)
                 break
+
+    def _fail(self, exc: OSError) -> None:
+        if self.failed is None:
+            self.failed = exc.strerror or str(exc)
+            log.warning(
+                "%s: recording stopped (%s); the file is incomplete, the job runs on",
+                self.name, self.failed,
+            )  # fmt: skip
 
     def close(self, timeout_s: float = 2.0, ending: dict[str, Any] | None = None) -> None:
         """Write what is queued and the ``ending`` line (bounded by ``timeout_s``), and close
-        the file."""
-        with contextlib.suppress(queue.Full):
-            if ending is not None:
-                self._queue.put(_comment(END_LINE, ending), timeout=timeout_s)
-            self._queue.put(None, timeout=timeout_s)
-        self._thread.join(timeout_s)
+        the file; never raises."""
+        if self._thread.is_alive():
+            with contextlib.suppress(queue.Full):
+                if ending is not None:
+                    self._queue.put(_comment(END_LINE, ending), timeout=timeout_s)
+                self._queue.put(None, timeout=timeout_s)
+            self._thread.join(timeout_s)
         if not self._thread.is_alive():
-            self._fh.close()
-        if self.dropped_sweeps:
+            try:
+                self._fh.close()  # flushes the rest: may find the disk full too
+            except OSError as exc:
+                self._fail(exc)
+        if self.dropped_sweeps and self.failed is None:
             log.warning("recording: %d sweeps dropped", self.dropped_sweeps)
 
 
@@ -147,7 +187,12 @@ def read_context(path: str) -> dict[str, Any]:
     found: dict[str, Any] = {}
     with open(path, encoding="utf-8-sig", errors="replace") as fh:
         for line in fh:
-            if line.startswith((CONTEXT_LINE, END_LINE)):
+            if line.startswith(DIAGNOSIS_LINE):
+                with contextlib.suppress(ValueError):
+                    data = json.loads(line.split(" ", 3)[3])
+                    if isinstance(data, dict):
+                        found.setdefault("diagnoses", []).append(data)
+            elif line.startswith((CONTEXT_LINE, END_LINE)):
                 with contextlib.suppress(ValueError):
                     data = json.loads(line.split(" ", 3)[3])
                     if isinstance(data, dict):

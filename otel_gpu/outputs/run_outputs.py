@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from otel_gpu.core.errors import UsageError
@@ -65,7 +65,7 @@ class RunOutputs:
         if args.record is not None:
             from otel_gpu.outputs.record import Recorder, open_recording
 
-            self.recorder = Recorder(open_recording(args.record))
+            self.recorder = Recorder(open_recording(args.record), f"--record {args.record}")
         stream = stream if stream is not None else sys.stderr
         is_terminal = bool(getattr(stream, "isatty", lambda: False)())
         self.quiet = bool(args.quiet)
@@ -76,15 +76,19 @@ class RunOutputs:
         self.watchdog: Any = None
         self.sampler: Any = None
         self.leftovers: Any = None
+        self.progress: Any = None  # the trainers' progress (agent/trainers.py), when joined
         self._ended = False  # the job has ended: later sweeps are only for its leftovers
         self._started = time.monotonic()
 
-    def attach(self, sampler: Any, watchdog: Any) -> None:
-        """Listen to an agent's sweeps (before it starts)."""
+    def attach(self, sampler: Any, watchdog: Any, progress: Any = None) -> None:
+        """Listen to an agent's sweeps (before it starts); ``progress``: the trainers' phase
+        and step (:class:`otel_gpu.agent.trainers.TrainerProgress`) for the view's title and
+        the summary."""
         from otel_gpu.agent.leftovers import LeftoverWatch
         from otel_gpu.outputs.sweeps import labels, on_sweeps
 
-        self.watchdog, self.sampler = watchdog, sampler
+        self.watchdog, self.sampler, self.progress = watchdog, sampler, progress
+        self.view.training = None if progress is None else progress.title
         self.view.attach(sampler, watchdog)
         self.leftovers = LeftoverWatch()
         self.leftovers.listeners.append(self._on_leftovers)
@@ -109,6 +113,8 @@ class RunOutputs:
         if not self.quiet or self.summary_json is not None:
             on_sweeps(sampler, watchdog, summarise)
         if self.recorder is not None:
+            if watchdog is not None:
+                watchdog.alert_listeners.append(self.recorder.on_alert)
             record = self.recorder.on_sweep
             on_sweeps(sampler, watchdog, lambda sweep: None if self._ended else record(sweep))
 
@@ -157,35 +163,50 @@ class RunOutputs:
         )
 
     def finish(self, exit_code: int | None, command: list[str] | None = None) -> None:
-        """After the agent stopped: last frame, recording closed, summary printed and written."""
+        """After the agent stopped: last frame, recording closed, summary printed and written.
+
+        Never raises: each output fails alone, with one line (a full disk under ``--record``
+        still leaves ``--summary-json`` written), and the wrapper exits with the job's code."""
         from otel_gpu.outputs import summary
 
-        self.view.stop()
+        with _alone("the live view"):
+            self.view.stop()
         if self.recorder is not None:
             from otel_gpu.core.redact import redact_command
 
-            self.recorder.close(
-                ending={
-                    "command": redact_command(command) if command else None,
-                    "exit_code": exit_code,
-                    "ended": _wall_time(),
-                    "duration_s": round(time.monotonic() - self._started, 3),
-                }
+            with _alone(self.recorder.name):
+                self.recorder.close(
+                    ending={
+                        "command": redact_command(command) if command else None,
+                        "exit_code": exit_code,
+                        "ended": _wall_time(),
+                        "duration_s": round(time.monotonic() - self._started, 3),
+                    }
+                )
+        data: dict[str, Any] | None = None
+        with _alone("the summary"):
+            data = self.summary.to_dict(
+                duration_s=time.monotonic() - self._started,
+                exit_code=exit_code,
+                command=command,
+                actions=self._actions(),
+                training=None if self.progress is None else self.progress.summary(),
             )
-        data = self.summary.to_dict(
-            duration_s=time.monotonic() - self._started,
-            exit_code=exit_code,
-            command=command,
-            actions=self._actions(),
-        )
+        if data is None:
+            return
         if not self.quiet:
-            with contextlib.suppress(OSError):  # stderr closed: nothing to show it on
+            # stderr closed or full: nothing to show it on, nor to say so on
+            with _alone("the summary"), contextlib.suppress(OSError):
                 summary.render(data, self.console)
         if self.summary_json is not None:
-            try:
-                summary.write_json(self.summary_json, data)
-            except OSError as exc:
-                log.warning("cannot write --summary-json %s: %s", self.summary_json, exc)
+            with _alone(f"--summary-json {self.summary_json}"):
+                try:
+                    summary.write_json(self.summary_json, data)
+                except OSError as exc:
+                    log.warning(
+                        "--summary-json %s: not written (%s)",
+                        self.summary_json, exc.strerror or exc,
+                    )  # fmt: skip
 
     def _actions(self) -> dict[str, int]:
         dispatcher = getattr(self.watchdog, "dispatcher", None)
@@ -218,6 +239,16 @@ def run_context(settings: Any, resource: Mapping[str, Any]) -> dict[str, Any]:
 
 def _wall_time() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+@contextlib.contextmanager
+def _alone(what: str) -> Iterator[None]:
+    """One output's end: whatever goes wrong in it is one warning line, never an exception
+    that would take the other outputs, or the job's exit code, with it."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - the job's exit code must survive any of ours
+        log.warning("%s: not finished (%s: %s)", what, type(exc).__name__, exc)
 
 
 def _check_writable(path: str, flag: str) -> None:

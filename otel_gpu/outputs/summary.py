@@ -20,6 +20,7 @@ from rich.text import Text
 
 from otel_gpu.core import units
 from otel_gpu.core.printable import printable
+from otel_gpu.core.private_files import open_private
 from otel_gpu.core.redact import redact_value
 from otel_gpu.detect.breaker import Transition
 from otel_gpu.detect.engine import Engine
@@ -131,7 +132,10 @@ class RunSummary:
         exit_code: int | None = None,
         command: list[str] | None = None,
         actions: dict[str, int] | None = None,
+        training: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """``training``: the trainers' steps, step rate and phases
+        (:meth:`otel_gpu.agent.trainers.TrainerProgress.summary`), None when none answered."""
         series = sorted(self.series.values(), key=lambda s: s.subject)
         return {
             "command": command,
@@ -160,6 +164,7 @@ class RunSummary:
             ],
             "actions": actions or {},
             "leftovers": list(self.leftovers),
+            "training": training,
         }
 
     def _label(self, subject: str) -> str:
@@ -168,9 +173,30 @@ class RunSummary:
 
 
 def write_json(path: str, data: dict[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
+    with open_private(path, "w", encoding="utf-8") as fh:  # created 0600
         json.dump(data, fh, indent=2)
         fh.write("\n")
+
+
+def training_line(training: dict[str, Any] | None) -> str | None:
+    """``training: 120 steps, 4.1 steps/s; phases load 3 s, train 25 s``; None without any."""
+    if not training:
+        return None
+    said = []
+    if training.get("steps") is not None:
+        said.append(f"{training['steps']} steps")
+    if training.get("step_rate_per_s") is not None:
+        said.append(f"{training['step_rate_per_s']:.3g} steps/s")
+    last = training.get("last") or {}
+    if last.get("loss") is not None:
+        said.append(f"last loss {last['loss']:.4g}")
+    phases = training.get("phases_s") or {}
+    text = "training: " + (", ".join(said) or "no steps")
+    if phases:
+        text += "; phases " + ", ".join(
+            f"{printable(name)} {units.duration(seconds)}" for name, seconds in phases.items()
+        )
+    return text
 
 
 def render(data: dict[str, Any], console: Console) -> None:
@@ -203,6 +229,9 @@ def render(data: dict[str, Any], console: Console) -> None:
             profile,
         )
     lines: list[Any] = [head, rows]
+    training = training_line(data.get("training"))
+    if training:
+        lines.append(Text(training))
     alerts = data["alerts"]
     lines.append(Text(f"alerts: {len(alerts) + data.get('alerts_not_listed', 0)}"))
     for a in alerts[:5]:

@@ -4,9 +4,14 @@ An agent's collection shares one timestamp, but a collector may split it over se
 so a subject's point stays *pending* until a newer timestamp arrives for it or until it has been
 pending ``grace_s`` (monotonic time) (:meth:`Assembler.flush_due`). Points older than a subject's
 pending or last emitted time are late: counted and dropped (detection is causal and in time
-order). State is bounded: at most ``max_series`` subjects, and at most ``per_reporter`` of them
-from one reporter, so one client cannot fill the cap for all (points of refused subjects are
-counted as overflow by the decoder, once each), each holding one pending point; subjects silent for ``ttl_s`` are evicted (:meth:`Assembler.evict`).
+order). State is bounded: at most ``max_series`` subjects, at most ``per_reporter`` of them
+from one reporter (a resource identity, which a client chooses) and at most ``per_peer`` from
+one peer address (which it cannot choose: ten made-up identities still share one quota), so
+one client cannot fill the cap for all (points of refused subjects are counted as overflow by
+the decoder, once each), each holding one pending point; subjects silent for ``ttl_s`` are
+evicted (:meth:`Assembler.evict`). Each reporter identity is owned by the peer that sent its
+first subject (:attr:`Assembler.owners`, until its subjects are all evicted), and each
+subject remembers that peer.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from otel_gpu.detect.model import ROW_FIELDS, Point, point_from_row
+from otel_gpu.detect.model import ROW_FIELDS, Point, canonical_phase, point_from_row
 from otel_gpu.detect.subject import subject_attributes
 from otel_gpu.processor.decode import (
     COUNTED,
@@ -43,6 +48,7 @@ class Subject:
     attrs: tuple[tuple[str, str | int], ...]  # point attributes of detector outputs
     hw_id: str | None = None
     pid: int | None = None
+    peer: str = ""  # the peer address whose data created it (counted against its quota)
 
 
 class _Series:
@@ -99,11 +105,19 @@ class Assembler:
         grace_s: float,
         ttl_s: float,
         per_reporter: int | None = None,
+        per_peer: int | None = None,
     ) -> None:
         self._emit = emit
         self._max = max_series
         self._per_reporter = per_reporter or max_series
+        self._per_peer = per_peer or max_series
         self._by_reporter: dict[str, int] = {}  # subjects held per reporter label
+        self._by_peer: dict[str, int] = {}  # subjects held per peer address
+        self.owners: dict[str, str] = {}  # reporter label -> the peer that owns it
+        self.peer = ""  # peer address of the request being decoded; set by the caller
+        self.cap_refused = 0  # new subjects refused because max_series were held
+        self.peer_refused = 0  # new subjects refused by the per-peer quota
+        self.peers_at_quota: dict[str, None] = {}  # peers refused since they last had room
         self._grace = grace_s
         self._ttl = ttl_s
         self._series: dict[tuple[str, str, str | None, int | None], _Series] = {}
@@ -169,7 +183,8 @@ class Assembler:
             job = self._jobs[res.job] = _Job()
         if fld == F_PHASE:
             if time_ns >= job.phase_t:
-                job.phase_t, job.phase = time_ns, value
+                job.phase_t = time_ns
+                job.phase = canonical_phase(value) if isinstance(value, str) else value
         elif time_ns >= job.step_t:
             job.step_t, job.step = time_ns, value
 
@@ -179,13 +194,25 @@ class Assembler:
         key = (res.label, kind, hw_id, pid)
         s = self._series.get(key)
         if s is None:
+            peer = self.peer
             held = self._by_reporter.get(res.label, 0)
-            if len(self._series) >= self._max or held >= self._per_reporter:
+            by_peer = self._by_peer.get(peer, 0)
+            if len(self._series) >= self._max:
+                self.cap_refused += 1
+                return None
+            if by_peer >= self._per_peer:
+                self.peer_refused += 1
+                if len(self.peers_at_quota) < 1024:
+                    self.peers_at_quota[peer] = None
+                return None
+            if held >= self._per_reporter:
                 return None
             self._by_reporter[res.label] = held + 1
+            self._by_peer[peer] = by_peer + 1
+            self.owners.setdefault(res.label, peer)
             name = subject_name(res, kind, hw_id, pid)
             attrs = subject_attributes(kind, hw_id, pid)
-            s = self._series[key] = _Series(Subject(name, kind, res, attrs, hw_id, pid))
+            s = self._series[key] = _Series(Subject(name, kind, res, attrs, hw_id, pid, peer))
             s.seen = self.now
         return s
 
@@ -243,6 +270,12 @@ class Assembler:
             self._by_reporter[label] -= 1
             if not self._by_reporter[label]:
                 del self._by_reporter[label]
+                self.owners.pop(label, None)  # a later reporter of that identity owns it anew
+            peer = s.subject.peer
+            self._by_peer[peer] -= 1
+            if not self._by_peer[peer]:
+                del self._by_peer[peer]
+            self.peers_at_quota.pop(peer, None)
             if s.t:
                 self._flush(s)
                 s.t = 0

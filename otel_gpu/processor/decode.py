@@ -180,6 +180,7 @@ class Decoded:
     rejected: int = 0
     ignored: int = 0  # routed points forwarded but not judged (see the module doc)
     first_error: str = ""
+    overflow: int = 0  # points of subjects the series caps refused (set by the caller)
     # (resource_metrics, scope_metrics, metric, data_point) indexes of rejected points
     bad: list[tuple[int, int, int, int]] = field(default_factory=list)
 

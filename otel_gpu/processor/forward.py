@@ -4,8 +4,16 @@ Ingestion only ever appends to the queue (never waits): when the queue is full t
 refused and counted, so a slow or dead downstream costs data for that downstream, never
 ingestion. The queue is in memory, or on disk with ``--queue-dir`` (:mod:`.queue`), where it
 survives restarts. One sender thread per downstream sends in order, retrying retryable failures
-with jittered exponential backoff (or the downstream's RetryInfo delay) for up to ``retry_s``;
-with a disk queue it keeps retrying for as long as the data fits on disk.
+with jittered exponential backoff (or the downstream's RetryInfo delay, capped) for up to
+``retry_s``; with a disk queue it keeps retrying for as long as the data fits on disk. The
+backoff is bounded at any attempt number (:mod:`otel_gpu.core.backoff`), and the retry wait is
+its own timer: new requests arriving (which wake the sender when it is idle) never cut a
+backoff short, so a stream of exports during an outage cannot turn into a retry storm.
+
+The sender thread is supervised: an exception it did not expect (a bug, a queue that fails in
+a way nobody foresaw) is logged once per episode and the loop restarted after a backoff; the
+requests it was sending stay queued and are sent after the restart. While it is down,
+:meth:`Forwarder.problem` names the reason, so ``/healthz`` says degraded.
 
 Requests queued together are merged into one call (up to 64 requests or 4 MiB): OTLP export
 requests are one repeated field, so their encodings concatenate into the encoding of the
@@ -28,6 +36,7 @@ from typing import Any
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
+from otel_gpu.core.backoff import exponential
 from otel_gpu.processor.queue import ForwardQueue
 from otel_gpu.processor.settings import Downstream
 from otel_gpu.processor.telemetry import SIGNALS
@@ -49,6 +58,9 @@ _RETRYABLE = frozenset(
 
 _BATCH_MAX = 64  # requests merged into one downstream call at most
 _BACKOFF_MAX_S = 10.0
+_RETRY_INFO_MAX_S = 300.0  # a downstream's RetryInfo delay is honoured up to this
+_RESTART_BASE_S = 0.5  # first restart of a crashed sender; doubles up to _RESTART_MAX_S
+_RESTART_MAX_S = 30.0
 
 
 def _identity(b: bytes) -> bytes:
@@ -74,14 +86,16 @@ def retry_delay(error: grpc.RpcError) -> float | None:
             return None
     except Exception:
         return None
-    return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+    delay = info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+    # A hostile or broken downstream cannot park the sender for ever (or overflow its wait).
+    return min(max(delay, 0.0), _RETRY_INFO_MAX_S)
 
 
 def backoff(attempt: int, rand: float) -> float:
     """Delay before retry ``attempt`` (0-based): 0.5 s doubling to 10 s, times 0.5..1.5 as
     ``rand`` goes 0..1 (the Collector's randomization factor), so that processors that lost
     the same downstream do not all retry at the same instant."""
-    return min(0.5 * 2**attempt, _BACKOFF_MAX_S) * (0.5 + rand)
+    return exponential(attempt, 0.5, _BACKOFF_MAX_S) * (0.5 + rand)
 
 
 class Forwarder:
@@ -115,7 +129,8 @@ class Forwarder:
         else:
             self._channel = grpc.insecure_channel(downstream.target, options=options)
         self._calls: dict[str, grpc.UnaryUnaryMultiCallable] = {}
-        self._cond = threading.Condition()
+        self._cond = threading.Condition()  # work available (submit) and counters
+        self._stop = threading.Event()  # close(): the only thing that cuts a retry wait short
         self._closing = False
         self._deadline = float("inf")  # monotonic time after which pending data is left
         self._random = random.Random()
@@ -127,13 +142,16 @@ class Forwarder:
         self.retries = 0
         self.calls = 0  # downstream calls made (several queued requests may share one)
         self.partial_rejected = 0  # items the downstream reported rejected in partial_success
+        self.restarts = 0  # the sender thread's loop crashed and was started again
+        self._down: str | None = None  # why the sender is not running, while it is not
+        self._crashes = 0  # crashes in a row, since the sender last made progress
         self._partial_warned = False
         self._rejected_warned = False
         self._gave_up_warned = False
         self._linger_s = linger_s
         self._batch_bytes = max(1, min(max_message_bytes, 4 * 1024 * 1024))
         self._thread = threading.Thread(
-            target=self._run, name=f"otel-gpu-forward-{downstream.target}", daemon=True
+            target=self._supervise, name=f"otel-gpu-forward-{downstream.target}", daemon=True
         )
         self._thread.start()
 
@@ -179,6 +197,7 @@ class Forwarder:
             "failed": self.failed,
             "retries": self.retries,
             "partial_rejected": self.partial_rejected,
+            "restarts": self.restarts,
             "queued": self.depth(),
             "queued_bytes": self.queued_bytes(),
             "queue_errors": self.queue_errors,
@@ -190,7 +209,49 @@ class Forwarder:
         """Why health is degraded by this downstream's queue, if it is."""
         if self._queue.failing:
             return f"the disk queue of {self.downstream.target} cannot be written"
-        return None
+        return self._down
+
+    def _supervise(self) -> None:
+        """Run the sender loop; restart it (after a growing delay) when it raises."""
+        while True:
+            try:
+                self._run()
+                return
+            except Exception as e:
+                with self._cond:
+                    self.restarts += 1
+                    self._crashes += 1
+                    crashes = self._crashes
+                    self._down = (
+                        f"the forwarder to {self.downstream.target} crashed "
+                        f"({type(e).__name__}); restarting it (restart {self.restarts})"
+                    )
+                if crashes == 1:  # once per episode; the rest are counted in restarts
+                    log.exception(
+                        "forward to %s: the sender crashed; restarting it (queued requests "
+                        "are kept; further crashes are counted in /stats forward.restarts)",
+                        self.downstream.target,
+                    )
+                if self._closing:
+                    return  # shutting down: close() accounts for what is left
+                self._stop.wait(exponential(crashes - 1, _RESTART_BASE_S, _RESTART_MAX_S))
+
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` (at most until the close deadline). close() cuts the wait that is
+        running when it is called short, so that draining starts at once; later waits of the
+        drain are waited out, so a dead downstream is not hammered while closing."""
+        left = max(0.0, min(seconds, self._deadline - time.monotonic()))
+        if self._stop.is_set():
+            time.sleep(left)
+        else:
+            self._stop.wait(left)
+
+    def _progress(self) -> None:
+        """The sender works (a call answered, or nothing left to send): not down."""
+        if self._down is not None or self._crashes:
+            with self._cond:
+                self._down = None
+                self._crashes = 0
 
     def _call(self, method: str) -> grpc.UnaryUnaryMultiCallable:
         call = self._calls.get(method)
@@ -204,6 +265,7 @@ class Forwarder:
         while True:
             with self._cond:
                 while not len(self._queue) and not self._closing:
+                    self._progress()
                     self._cond.wait(1.0)  # also wakes to retry a disk read that failed
                 if not len(self._queue) or time.monotonic() >= self._deadline:
                     return
@@ -216,8 +278,7 @@ class Forwarder:
                     self._cond.wait(left)
             batch = self._queue.peek(_BATCH_MAX, self._batch_bytes)
             if not batch:
-                with self._cond:
-                    self._cond.wait(0.5)
+                self._pause(0.5)  # a failed disk read: retried on a timer, not per submit
                 continue
             method = batch[0][1]
             parts = [p for _, _, p in batch]
@@ -233,6 +294,7 @@ class Forwarder:
                 (item[0], o) for item, o in zip(batch, outcomes, strict=True) if o != "deadline"
             ]
             self._queue.ack([i for i, _ in done])
+            self._progress()
             with self._cond:
                 self.calls += 1
                 for _, o in done:
@@ -292,9 +354,9 @@ class Forwarder:
                         )
                     return "gave_up"
                 self.retries += 1
-                with self._cond:
-                    # Woken early by close(); the loop then re-checks the deadline.
-                    self._cond.wait(min(delay, max(0.0, self._deadline - now)))
+                # Woken early by close() only, never by new work; the loop then re-checks
+                # the deadline.
+                self._pause(delay)
 
     def _partial(self, reply: bytes) -> None:
         """Count what the downstream accepted the call but rejected inside it."""
@@ -327,6 +389,7 @@ class Forwarder:
             self._closing = True
             self._deadline = time.monotonic() + timeout_s
             self._cond.notify_all()
+        self._stop.set()
         self._thread.join(timeout_s + 1.0)
         lost = self._queue.close()
         with self._cond:

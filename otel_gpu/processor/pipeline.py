@@ -38,6 +38,8 @@ from otel_gpu.processor.wire import LOGS_EXPORT, METRICS_EXPORT
 
 log = logging.getLogger("otel_gpu.processor")
 
+_CAP_RECENT_S = 60.0  # /healthz is degraded this long after the subject cap refused one
+
 
 class Actions(Protocol):
     def on_transition(self, t: Transition) -> None: ...
@@ -58,6 +60,9 @@ class DetectionStats:
     transitions: int = 0
     errors: int = 0  # points the engine failed on (logged, skipped)
     agent_watched: int = 0  # subjects left to the agent that reports them (it judges them)
+    cap_refused: int = 0  # new subjects refused because --max-series subjects were tracked
+    peer_refused: int = 0  # new subjects refused by a peer's --max-series-per-peer quota
+    vouch_refused: int = 0  # breaker points of a reporter identity another peer owns
 
 
 def _output(s: Subject) -> outputs.SubjectOutput:
@@ -101,7 +106,12 @@ class Detection:
             config.assemble_grace_s,
             config.series_ttl_s,
             per_reporter=config.max_series_per_reporter,
+            per_peer=config.max_series_per_peer,
         )
+        self._owners = self._assembler.owners  # reporter label -> peer: bound once, shared
+        self._cap_full_at: float | None = None  # monotonic time --max-series last refused one
+        self._cap_warned = False  # logged in this episode (until the cap has room again)
+        self._quota_warned: set[str] = set()  # peers logged at their quota (bounded)
         self._start_ns = int(wall() * 1e9)
         self._last_export = self._last_evict = clock()
         store.on_durable = self._act
@@ -131,18 +141,42 @@ class Detection:
 
     # -- ingestion ---------------------------------------------------------------------------
 
-    def ingest_metrics(self, raw: bytes) -> Decoded:
-        """Decode, assemble and judge one OTLP metrics request. DecodeError if malformed."""
+    def ingest_metrics(self, raw: bytes, peer: str = "") -> Decoded:
+        """Decode, assemble and judge one OTLP metrics request from ``peer`` (the client's
+        address; quotas and ownership are keyed on it). DecodeError if malformed."""
         wall, now = self._wall(), self._clock()
         with self._lock:
-            self._assembler.now = now
-            for name in self._watched.note(raw, now):
+            a = self._assembler
+            a.now, a.peer = now, peer
+            for name in self._watched.note(raw, now, peer, self._owners):
                 self.engine.forget(name)  # its agent judges it; evidence here would go stale
+            overflow, cap, quota = a.overflow, a.cap_refused, a.peer_refused
             try:
-                decoded = self._decoder.decode(raw, self._assembler, int(wall * 1e9))
-                self._assembler.flush_due(now)
+                decoded = self._decoder.decode(raw, a, int(wall * 1e9))
+                a.flush_due(now)
             finally:
                 self._publish(wall)
+            decoded.overflow = a.overflow - overflow
+            if a.cap_refused > cap:
+                self._cap_full_at = now
+                if not self._cap_warned:  # once per episode: until the cap has room again
+                    self._cap_warned = True
+                    log.warning(
+                        "the subject cap is full (--max-series %d): new GPUs and processes "
+                        "are not judged until subjects are forgotten; counted in /stats "
+                        "detection.cap_refused",
+                        self.config.max_series,
+                    )
+            if a.peer_refused > quota and peer not in self._quota_warned:
+                if len(self._quota_warned) < 1024:
+                    self._quota_warned.add(peer)
+                log.warning(
+                    "peer %s holds its quota of %d detection subjects (--max-series-per-peer), "
+                    "whatever reporter identities it claims: its further new subjects are not "
+                    "judged (counted in /stats detection.peer_refused)",
+                    peer or "(local)",
+                    self.config.max_series_per_peer,
+                )
             self._stats.points += decoded.points
             self._stats.rejected += decoded.rejected
             self._stats.ignored += decoded.ignored
@@ -162,6 +196,9 @@ class Detection:
                 for subject in self._assembler.evict(now):
                     self.engine.forget(subject.name)
                 self._watched.expire(now)
+                if len(self._assembler) < self.config.max_series:
+                    self._cap_warned = False
+                self._quota_warned.intersection_update(self._assembler.peers_at_quota)
             self._publish(wall)
             if final or now - self._last_export >= self.config.export_interval_s:
                 self._last_export = now
@@ -172,14 +209,30 @@ class Detection:
             a = self._assembler
             s = DetectionStats(**vars(self._stats))
             s.late, s.overflow, s.subjects = a.late, a.overflow, len(a)
+            s.cap_refused, s.peer_refused = a.cap_refused, a.peer_refused
             s.agent_watched = len(self._watched)
+            s.vouch_refused = self._watched.refused
             return s
+
+    def problem(self) -> str | None:
+        """Why health is degraded by detection: the subject cap refused a subject lately."""
+        with self._lock:
+            at = self._cap_full_at
+            if at is None or self._clock() - at > _CAP_RECENT_S:
+                return None
+            return (
+                f"the subject cap is full (--max-series {self.config.max_series}): new GPUs "
+                f"and processes are not judged ({self._assembler.cap_refused} refused)"
+            )
 
     # -- detection ---------------------------------------------------------------------------
 
     def _on_point(self, subject: Subject, point: Point) -> None:
         name = subject.name
-        if name in self._agent_subjects:
+        vouched = self._agent_subjects.get(name)
+        # Left to an agent only on the word of the peer that owns the subject's reporter
+        # identity: another client's breaker points cannot silence detection for it.
+        if vouched is not None and vouched == self._owners.get(subject.resource.label):
             return
         self._stats.evaluated += 1
         try:

@@ -30,6 +30,8 @@ import zlib
 from collections import deque
 from typing import Protocol
 
+from otel_gpu.core.private_files import private_file, tighten_dir
+
 log = logging.getLogger(__name__)
 
 
@@ -124,6 +126,12 @@ _SCHEMA = (
 )
 
 
+def _queue_entry(name: str) -> bool:
+    """Whether ``name`` in a queue directory is one of our files (a queue, its -wal / -shm,
+    a damaged one moved aside)."""
+    return ".queue.sqlite" in name
+
+
 def queue_file(directory: str, target: str) -> str:
     """The queue file of one downstream inside ``--queue-dir``."""
     return os.path.join(directory, re.sub(r"[^A-Za-z0-9.-]", "_", target) + ".queue.sqlite")
@@ -161,6 +169,12 @@ class DiskQueue:
 
     @staticmethod
     def _open(path: str) -> sqlite3.Connection:
+        # Every request verbatim: the file (SQLite gives -wal and -shm its mode) is 0600, and
+        # a queue directory that holds only queues is 0700, whoever made it with what umask.
+        private_file(path)
+        for suffix in ("-wal", "-shm"):
+            private_file(path + suffix, create=False)
+        tighten_dir(os.path.dirname(os.path.abspath(path)), _queue_entry)
         db = sqlite3.connect(path, check_same_thread=False, timeout=0.5, isolation_level=None)
         try:
             if db.execute("PRAGMA quick_check").fetchone()[0] != "ok":

@@ -15,10 +15,10 @@ itself for a body over ``max_recv_bytes`` after decompression.
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import asdict
 from typing import Any
@@ -35,9 +35,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from otel_gpu.core.addresses import format_hostport, parse_hostport
 from otel_gpu.core.errors import UsageError
+from otel_gpu.core.private_files import private_dir
 from otel_gpu.detect.breaker import Breaker, BreakerConfig
 from otel_gpu.detect.engine import Engine
 from otel_gpu.processor.admission import Admission, Refused
+from otel_gpu.processor.calls import CallGuard, peer_address
 from otel_gpu.processor.datamodel import count_items, histogram_violations
 from otel_gpu.processor.decode import strip_rejected
 from otel_gpu.processor.forward import Forwarder
@@ -86,7 +88,10 @@ class Processor:
         actions: Any = None,
         memory: MemoryLimiter | None = None,
         scrape: ProcessorScrape | None = None,
+        queues: Callable[[str], ForwardQueue] | None = None,
     ) -> None:
+        """``queues``: the forward queue for a downstream target (default: memory, or the
+        disk queue of ``--queue-dir``)."""
         self.config = config
         self._scrape = scrape  # served until stop(), which closes it
         self._store = StateStore(config.state_path, source=config.source("state_path"))
@@ -102,7 +107,7 @@ class Processor:
         self.forwarders = [
             Forwarder(
                 d,
-                self._queue_for(d.target),
+                (queues or self._queue_for)(d.target),
                 config.forward_timeout_s,
                 config.forward_retry_s,
                 config.max_recv_bytes,
@@ -112,6 +117,7 @@ class Processor:
         ]
         self.memory = memory or MemoryLimiter(config.memory_limit_mib * 1024 * 1024)
         self._admission = Admission(config, self.memory)
+        self.calls = CallGuard(config.max_calls_per_peer, config.receive_timeout_s)
         act: Actions | None = actions
         self.detection = Detection(
             config, engine or Engine(), breaker, self._store, act, self._send
@@ -135,7 +141,7 @@ class Processor:
         if cfg.queue_dir is None:
             return MemoryQueue(cfg.queue_requests, cfg.queue_bytes)
         try:
-            os.makedirs(cfg.queue_dir, exist_ok=True)
+            private_dir(cfg.queue_dir)  # missing parents too: 0700
             return DiskQueue(queue_file(cfg.queue_dir, target), cfg.queue_dir_bytes)
         except (OSError, sqlite3.Error) as e:
             hint = (
@@ -155,9 +161,12 @@ class Processor:
         host, port = parse_hostport(cfg.listen, cfg.source("listen"))
         server = grpc.server(
             # More threads than in-flight slots, so an excess request reaches admit() and is
-            # refused with a RetryInfo delay instead of waiting in gRPC's queue.
+            # refused with a RetryInfo delay instead of waiting in gRPC's queue; and one peer's
+            # calls waiting for their message (at most max_calls_per_peer, each for at most
+            # receive_timeout_s) leave max_inflight threads to the others.
             futures.ThreadPoolExecutor(
-                max_workers=cfg.max_inflight + 2, thread_name_prefix="otel-gpu-rpc"
+                max_workers=cfg.max_inflight + cfg.max_calls_per_peer + 2,
+                thread_name_prefix="otel-gpu-rpc",
             ),
             handlers=[self._handlers()],
             options=[
@@ -208,6 +217,7 @@ class Processor:
         if self._server is not None:
             self._server.stop(grace=budget / 3).wait(budget / 3 + 0.5)
         self._stopped.set()
+        self.calls.close()
         if self._ticker is not None:
             self._ticker.join(1.0)
         try:
@@ -256,10 +266,17 @@ class Processor:
                 fn, request_deserializer=None, response_serializer=None
             )
 
+        def export(fn: Any) -> grpc.RpcMethodHandler:
+            # A request stream, so the handler runs when the call begins, before its message:
+            # the per-peer limit and the receive deadline apply to a call that never sends it.
+            return grpc.stream_unary_rpc_method_handler(
+                fn, request_deserializer=None, response_serializer=None
+            )
+
         services = {
-            METRICS_SERVICE: {"Export": unary(self._rpc(METRICS_EXPORT, self.export_metrics))},
-            TRACE_SERVICE: {"Export": unary(self._rpc(TRACE_EXPORT, self._export_opaque))},
-            LOGS_SERVICE: {"Export": unary(self._rpc(LOGS_EXPORT, self._export_opaque))},
+            METRICS_SERVICE: {"Export": export(self._rpc(METRICS_EXPORT, self.export_metrics))},
+            TRACE_SERVICE: {"Export": export(self._rpc(TRACE_EXPORT, self._export_opaque))},
+            LOGS_SERVICE: {"Export": export(self._rpc(LOGS_EXPORT, self._export_opaque))},
             HEALTH_SERVICE: {"Check": unary(self._grpc_health)},
         }
 
@@ -301,12 +318,47 @@ class Processor:
 
     def _rpc(self, method: str, body: Any) -> Any:
         signal = SIGNALS[method]
+        guard = self.calls
 
-        def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
+        def receive(requests: Any, context: grpc.ServicerContext) -> bytes:
+            """The per-peer limit, then the message under the receive deadline."""
+            peer = peer_address(context.peer())
+            if not guard.enter(peer):
+                self._count("peer_limited", signal)
+                message = (
+                    f"too many concurrent calls from {peer} (--max-calls-per-peer "
+                    f"{guard.per_peer}); retry later"
+                )
+                context.set_trailing_metadata(
+                    retry_trailers(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+                        message,
+                        self.config.retry_after_s,
+                    )
+                )
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+            try:
+                token = guard.watch(context.cancel)
+                try:
+                    request = next(requests, None)
+                except grpc.RpcError:  # cancelled: by its deadline, or by the client
+                    request = None
+                if not guard.unwatch(token):
+                    self._count("receive_timeouts", signal)
+                    # Already cancelled: the client is told nothing more.
+                    context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no request message")
+                if request is None:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
+                    raise AssertionError("unreachable")  # abort() raises
+                return handle(request, context, peer)
+            finally:
+                guard.leave(peer)
+
+        def handle(request: bytes, context: grpc.ServicerContext, peer: str) -> bytes:
             try:
                 self._admission.admit()
                 try:
-                    reply = body(method, request)
+                    reply = body(method, request, peer)
                 finally:
                     self._admission.release()
                 self._last_accept = time.monotonic()
@@ -325,7 +377,7 @@ class Processor:
                 context.abort(grpc.StatusCode.INTERNAL, "internal error; see the processor log")
             raise AssertionError("unreachable")  # abort() raises
 
-        return handle
+        return receive
 
     def _grpc_health(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         return HEALTH_SERVING if self.health()[0] else HEALTH_NOT_SERVING
@@ -368,14 +420,15 @@ class Processor:
                 self.config.retry_after_s,
             )
 
-    def export_metrics(self, method: str, raw: bytes) -> bytes:
-        """Handle one encoded ExportMetricsServiceRequest; returns the encoded response."""
+    def export_metrics(self, method: str, raw: bytes, peer: str = "") -> bytes:
+        """Handle one encoded ExportMetricsServiceRequest from ``peer`` (the client's address);
+        returns the encoded response."""
         items, req = self._validate(method, raw)
         if not items:
             return b""
         self._check_room(len(raw))
         bad, first_error = histogram_violations(req)
-        decoded = self.detection.ingest_metrics(raw)
+        decoded = self.detection.ingest_metrics(raw, peer)
         self._count("metrics_requests")
         payload = raw
         rejected = decoded.rejected + len(bad)
@@ -384,11 +437,21 @@ class Processor:
             payload = strip_rejected(raw, decoded.bad + bad)
         if payload:
             self._enqueue(method, payload)
-        if not rejected:
+        if not rejected and not decoded.overflow:
             return b""
+        messages = [m for m in (decoded.first_error or first_error,) if m and rejected]
+        if decoded.overflow:
+            # Forwarded all the same; but the client is told they were not judged.
+            self._count("overflow_requests")
+            messages.append(
+                f"{decoded.overflow} data points of new GPUs or processes were not judged by "
+                "the processor's detectors: over the subject caps (--max-series-per-peer, "
+                "--max-series-per-reporter, --max-series); forwarded unchanged"
+            )
         return ExportMetricsServiceResponse(
             partial_success=ExportMetricsPartialSuccess(
-                rejected_data_points=rejected, error_message=decoded.first_error or first_error
+                rejected_data_points=rejected + decoded.overflow,
+                error_message="; ".join(messages),
             )
         ).SerializeToString()
 
@@ -409,7 +472,7 @@ class Processor:
             self._count("empty_requests")
         return items, req
 
-    def _export_opaque(self, method: str, raw: bytes) -> bytes:
+    def _export_opaque(self, method: str, raw: bytes, peer: str = "") -> bytes:
         if not self._validate(method, raw)[0]:
             return b""
         self._check_room(len(raw))
@@ -439,21 +502,25 @@ class Processor:
         """(healthy, one line) by the rule documented in :mod:`otel_gpu.processor.health`."""
         if self._stopping:
             return False, "stopping"
-        problems = [self._store.problem(), self.memory.problem()]
+        problems = [self._store.problem(), self.memory.problem(), self.detection.problem()]
         problems += [f.problem() for f in self.forwarders]
         for problem in problems:
             if problem:
                 return False, f"degraded: {problem}"
+        # Refused calls are the limits doing their work: said, but not a failed probe (a
+        # liveness restart would hand whoever sends them a way to restart the processor).
+        calls = self.calls.problem()
+        note = f"; {calls}" if calls else ""
         last = self._last_accept
         if last is None:
-            return True, "ok: waiting for data"
+            return True, f"ok: waiting for data{note}"
         age = time.monotonic() - last
         if age > self.config.stall_after_s:
             return False, (
                 f"stalled: no export request accepted for {age:.0f} s "
-                f"(limit {self.config.stall_after_s:g} s)"
+                f"(limit {self.config.stall_after_s:g} s){note}"
             )
-        return True, f"ok: last export request {age:.1f} s ago"
+        return True, f"ok: last export request {age:.1f} s ago{note}"
 
     def stats(self) -> dict[str, Any]:
         """Counters: requests by outcome, detection, each downstream, actions (no secrets)."""
@@ -464,6 +531,7 @@ class Processor:
         out["forward"] = {f.downstream.target: f.snapshot() for f in self.forwarders}
         out["store"] = self._store.snapshot()
         out["memory"] = self.memory.snapshot()
+        out["calls"] = self.calls.snapshot()
         if self._actions is not None and hasattr(self._actions, "stats"):
             out["actions"] = asdict(self._actions.stats)
         return out

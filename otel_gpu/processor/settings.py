@@ -187,9 +187,25 @@ DECLARED = (
         "cannot take the slots of everyone", "2000", "--max-series-per-reporter", "N",
     ),
     Setting(
+        "max_series_per_peer", None, _COUNT,
+        "detection subjects the clients of one peer address may hold, whatever identities "
+        "they claim; behind a gateway (one peer for all) raise it to --max-series", "10000",
+        "--max-series-per-peer", "N",
+    ),
+    Setting(
         "max_inflight", None, _COUNT,
         "concurrent requests before pushing back with RESOURCE_EXHAUSTED", "16",
         "--max-inflight", "N",
+    ),
+    Setting(
+        "max_calls_per_peer", None, _COUNT,
+        "concurrent calls one peer address may hold (waiting for its message or being "
+        "served); more are refused with RESOURCE_EXHAUSTED", "16", "--max-calls-per-peer", "N",
+    ),
+    Setting(
+        "receive_timeout_s", None, _SECONDS,
+        "how long a call may take to send its request message once it has begun; a call "
+        "still silent then is cancelled", "10", "--receive-timeout", "SECONDS",
     ),
     Setting(
         "max_requests_per_s", None,
@@ -308,6 +324,10 @@ class ProcessorConfig:
     series_ttl_s: float = 1800.0  # a subject silent this long (wall time) is forgotten
     assemble_grace_s: float = 1.0  # wait this long (wall) for the rest of a timestamp's points
     max_inflight: int = 16  # concurrent export calls; more are pushed back
+    # Calls one peer address holds at once, and how long a call may take to send its message:
+    # half-open calls (headers, never a message) cannot lock the other clients out.
+    max_calls_per_peer: int = 16
+    receive_timeout_s: float = 10.0
     max_requests_per_s: float = 0.0  # admission rate over all signals; 0 = unlimited
     retry_after_s: float = 1.0  # RetryInfo delay sent with a push-back
     # Largest request accepted, after decompression (the Collector's default, 4 MiB).
@@ -321,6 +341,9 @@ class ProcessorConfig:
     # Detection subjects one reporter (one resource identity) may hold: a client sending
     # thousands of made-up hw.id values fills its own quota, not everyone's --max-series.
     max_series_per_reporter: int = 2_000
+    # Detection subjects one peer address may hold: the reporter identity above is data a
+    # client chooses (ten made-up ones fill ten quotas); its address it cannot choose.
+    max_series_per_peer: int = 10_000
     health_max_connections: int = 32  # concurrent /healthz connections; more are closed
     forward_timeout_s: float = 10.0  # per send attempt
     forward_retry_s: float = 60.0  # give up on one request after retrying this long

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from otel_gpu.core.errors import UsageError
+from otel_gpu.core.private_files import private_file
 from otel_gpu.detect.breaker import Transition
 from otel_gpu.detect.model import Alert
 
@@ -137,6 +138,11 @@ class StateStore:
 
     @staticmethod
     def _open(path: str | None) -> sqlite3.Connection:
+        if path and path != ":memory:":  # alert history: 0600 (SQLite gives -wal, -shm its mode)
+            with contextlib.suppress(OSError):  # not a file: SQLite says so below
+                private_file(path)
+                for suffix in ("-wal", "-shm"):
+                    private_file(path + suffix, create=False)
         db = sqlite3.connect(path or ":memory:", check_same_thread=False, timeout=_LOCK_TIMEOUT_S)
         try:
             if path:

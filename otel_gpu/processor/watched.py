@@ -10,9 +10,19 @@ do not run detection (an exporter without the agent's engine, an agent with
 
 Only requests that contain the metric's name are parsed (a byte search first), and only that
 metric's points; a subject is released when its reporter has not vouched for it for ``ttl_s``.
+
+A breaker point is the word of whoever sent it, so it is bound to the reporter that owns the
+subject: the point must carry the subject's resource identity (its name is built from it) and
+come from the peer address that owns that identity (the peer whose data created its first
+subject, :attr:`otel_gpu.processor.assemble.Assembler.owners`). Points for an identity another
+peer owns are ignored and counted (:attr:`WatchedSubjects.refused`), and the pipeline leaves a
+subject to its agent only while the peer that vouched is its owner; so a client that can send
+OTLP cannot silence detection for someone else's GPUs by claiming their identity.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
@@ -34,9 +44,11 @@ class WatchedSubjects:
     def __init__(self, max_subjects: int, ttl_s: float) -> None:
         self._max = max_subjects
         self._ttl = ttl_s
-        # subject name -> wall time of the latest point; callers may test membership on it
-        # directly (a dict lookup per point, no method call)
-        self.seen: dict[str, float] = {}
+        # subject name -> the peer that vouched for it last; callers look it up directly (a
+        # dict lookup per point, no method call)
+        self.seen: dict[str, str] = {}
+        self._times: dict[str, float] = {}  # subject name -> monotonic time of the latest point
+        self.refused = 0  # breaker points of a reporter identity another peer owns
         self._resources: dict[bytes, ResourceInfo] = {}
         self._names: dict[tuple[str, bytes], str | None] = {}  # (reporter, attributes) -> name
 
@@ -46,8 +58,12 @@ class WatchedSubjects:
     def __len__(self) -> int:
         return len(self.seen)
 
-    def note(self, raw: bytes, now: float) -> list[str]:
-        """Read the agents' breaker points of one metrics request; returns newly watched names.
+    def note(
+        self, raw: bytes, now: float, peer: str = "", owners: Mapping[str, str] | None = None
+    ) -> list[str]:
+        """Read the agents' breaker points of one metrics request from ``peer``; returns
+        newly watched names. ``owners``: reporter label -> the peer that owns it; points for
+        an identity another peer owns are skipped (counted in :attr:`refused`).
 
         Malformed parts are skipped: the decoder judges the request itself.
         """
@@ -66,19 +82,26 @@ class WatchedSubjects:
                         continue
                     if res is None:
                         res = self._resource(rm.resource)
-                    for name in self._points(res, metric.gauge):
+                    owner = None if owners is None else owners.get(res.label)
+                    names = self._points(res, metric.gauge)
+                    if owner is not None and owner != peer:
+                        self.refused += len(names)  # someone else's identity: not its word
+                        continue
+                    for name in names:
                         if name not in self.seen:
                             if len(self.seen) >= self._max:
                                 continue
                             new.append(name)
-                        self.seen[name] = now
+                        self.seen[name] = peer
+                        self._times[name] = now
         return new
 
     def expire(self, now: float) -> None:
         """Release subjects whose agent has not vouched for them for ``ttl_s``."""
         cutoff = now - self._ttl
-        for name in [n for n, t in self.seen.items() if t < cutoff]:
+        for name in [n for n, t in self._times.items() if t < cutoff]:
             del self.seen[name]
+            del self._times[name]
 
     def _resource(self, raw: bytes) -> ResourceInfo:
         res = self._resources.get(raw)

@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from typing import Protocol
@@ -24,6 +23,7 @@ from typing import Protocol
 from opentelemetry.sdk.resources import Resource, ResourceDetector
 from opentelemetry.util.types import AttributeValue
 
+from otel_gpu.core.child_python import python_argv
 from otel_gpu.sampling.source import HostInfo
 
 log = logging.getLogger("otel_gpu.resource")
@@ -75,7 +75,7 @@ class NvmlHostProbe:
             env["OTEL_GPU_NVML_LIBRARY"] = self.library_path
         try:
             proc = subprocess.run(
-                [sys.executable, "-c", _PROBE],
+                python_argv("-c", _PROBE),
                 env=env,
                 stdin=subprocess.DEVNULL,
                 capture_output=True,  # its "no GPU" warnings are the detector's to report

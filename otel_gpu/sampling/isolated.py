@@ -31,12 +31,12 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 
+from otel_gpu.core.child_python import python_argv
 from otel_gpu.sampling.sampler import Published
 from otel_gpu.sampling.snapshot import STATUS_DEGRADED, GpuSample, Snapshot
 from otel_gpu.sampling.wire import FrameReader
@@ -145,7 +145,7 @@ class SamplerProcess(Published):
         self.kill_after_s = spec.hang_after_s + max(2.0 * spec.interval_s, 5.0)
         self._backoff_initial = backoff_initial_s
         self._backoff_max = backoff_max_s
-        self._command = list(command or [sys.executable, "-m", "otel_gpu.sampling.worker"])
+        self._command = list(command or python_argv("-m", "otel_gpu.sampling.worker"))
         self._skip: dict[int, float] = dict.fromkeys(spec.skip_pids, clock())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

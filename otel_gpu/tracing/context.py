@@ -16,8 +16,10 @@ and a launcher never has to create, hold or export a span.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
@@ -197,6 +199,26 @@ _role: str | None = None  # None: not started by our configurator (manual use: e
 def set_role(role: str | None) -> None:
     global _role
     _role = role
+
+
+_turned_off = False  # a bad setting (or a failed start) turned telemetry off in this process
+
+
+def turn_off(line: str | None) -> None:
+    """Telemetry is off in this process for good: a bad ``OTEL_GPU_*`` value or a failed
+    start, found by the configurator or by the first API call that reads the settings. Says
+    ``line`` on stderr once per process (None: said elsewhere); never raises into the job."""
+    global _turned_off
+    set_role(OFF)
+    first, _turned_off = not _turned_off, True
+    if first and line:
+        with contextlib.suppress(Exception):  # stderr closed: nowhere to say it
+            print(line, file=sys.stderr, flush=True)
+
+
+def turned_off() -> bool:
+    """Whether :func:`turn_off` ran here: phases, steps and callbacks record nothing."""
+    return _turned_off
 
 
 def traces_enabled() -> bool:

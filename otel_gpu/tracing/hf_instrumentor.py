@@ -19,7 +19,7 @@ from typing import Any
 from otel_gpu.tracing import progress
 from otel_gpu.tracing.lifecycle import FrameworkInstrumentor, Wrapper
 from otel_gpu.tracing.run import call_and_end, guarded
-from otel_gpu.tracing.settings import TracingSettings
+from otel_gpu.tracing.settings import job_settings
 
 log = logging.getLogger("otel_gpu.tracing")
 
@@ -54,7 +54,7 @@ class TransformersInstrumentor(FrameworkInstrumentor):
         try:
             from otel_gpu.tracing.hf_callback import OtelGpuTrainerCallback
 
-            settings = self.settings or TracingSettings.load()
+            settings = self.settings or job_settings()
             instance.callbacks.append(OtelGpuTrainerCallback(self.tracer_provider, settings))
         except Exception as exc:  # never break the Trainer
             log.warning("otel-gpu: Trainer callback not attached: %s", exc)

@@ -5,10 +5,17 @@ Started by the tracing pipeline in every ``trainer`` and ``node`` process. Base 
 
 - ``hello``: who this is (pid, rank, local rank, world size, version, the operations served);
 - ``progress``: the phase and step now, and the step ends after the caller's ``since``
-  sequence number (``[[seq, step, wall_time_s], ...]``, oldest first).
+  sequence number (``[[seq, step, wall_time_s], ...]``, oldest first), and the training
+  numbers (``loss``, ``learning_rate``, ``grad_norm``, ``step_s``, ``samples_per_s``, ...).
 
-Other concerns (memory census, stacks, flight-recorder dumps) register their own operations
-with :func:`register`. Handlers run on the channel's request threads, never on the job's.
+- ``stacks``: every thread's Python stack (:func:`otel_gpu.diagnose.stacks.handle_stacks`);
+  and, for when the interpreter cannot run that, a ``faulthandler`` dump of all threads on
+  ``SIGRTMIN+6`` to ``<runtime dir>/stacks-<pid>.txt`` (``otel-gpu diagnose stall``);
+- ``fr.dump``: this rank's flight-recorder collectives
+  (:func:`otel_gpu.diagnose.collectives.handle_fr_dump`).
+
+Other concerns (memory census, flight-recorder dumps) register their own operations with
+:func:`register`. Handlers run on the channel's request threads, never on the job's.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import Any
 from otel_gpu import __version__
 from otel_gpu.core.channel import ControlServer, Handler, socket_path
 from otel_gpu.core.runtime_dir import runtime_dir
+from otel_gpu.diagnose import collectives, stacks
 from otel_gpu.tracing import context, progress
 
 log = logging.getLogger("otel_gpu.tracing")
@@ -55,10 +63,16 @@ def _progress(request: Mapping[str, Any]) -> Mapping[str, Any]:
         "seq": seq,
         "steps": [list(e) for e in ends],
         "lost": lost,  # step ends the ring no longer held
+        "numbers": progress.numbers(),  # loss, learning_rate, grad_norm, step_s, ..._per_s
     }
 
 
-BASE_OPS: dict[str, Handler] = {"hello": _hello, "progress": _progress}
+BASE_OPS: dict[str, Handler] = {
+    "hello": _hello,
+    "progress": _progress,
+    "stacks": stacks.handle_stacks,
+    "fr.dump": collectives.handle_fr_dump,
+}
 
 
 def serve() -> ControlServer | None:
@@ -68,11 +82,16 @@ def serve() -> ControlServer | None:
         if _server is not None:
             return _server
         try:
-            path = socket_path(runtime_dir(), os.getpid())
+            directory = runtime_dir()
+            path = socket_path(directory, os.getpid())
             _server = ControlServer(path, {**BASE_OPS, **_pending})
         except Exception as exc:  # never harm the job: it runs on without the channel
             log.warning("otel-gpu: control socket not served in this process: %s", exc)
             return None
+        try:
+            stacks.install_faulthandler(directory)
+        except Exception:  # stacks then come from py-spy or the channel only
+            log.debug("otel-gpu: no faulthandler stack dump in this process", exc_info=True)
         return _server
 
 

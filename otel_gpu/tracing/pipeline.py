@@ -56,6 +56,7 @@ class Setup:
         self.logger_provider: LoggerProvider | None = None
         self.agent: Any = None
         self.shutdown_timeout_s = 5.0
+        self.closed = False
 
 
 def build(
@@ -82,13 +83,13 @@ def build(
         resource=resource, id_generator=ids.PresetIdGenerator(), shutdown_on_exit=False
     )
     for exporter in _exporters("traces"):
-        tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
+        tracer_provider.add_span_processor(BatchSpanProcessor(_quiet(exporter, "trace")))
     # `prometheus` is a reader serving /metrics itself (core/prometheus.py); its HTTP thread
     # does not survive fork(), so a forked worker exports nothing through it.
     readers: list[MetricReader] = [
         exporter
         if isinstance(exporter, MetricReader)
-        else PeriodicExportingMetricReader(_OwnerOnly(exporter))
+        else PeriodicExportingMetricReader(_OwnerOnly(_quiet(exporter, "metric")))
         for exporter in _exporters("metrics")
     ]
     meter_provider = MeterProvider(
@@ -97,7 +98,7 @@ def build(
     logger_provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
     logger_provider.add_log_record_processor(RedactingLogProcessor())  # before any exporter
     for exporter in _exporters("logs"):
-        logger_provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
+        logger_provider.add_log_record_processor(BatchLogRecordProcessor(_quiet(exporter, "log")))
     trace.set_tracer_provider(tracer_provider)
     metrics.set_meter_provider(meter_provider)
     set_logger_provider(logger_provider)
@@ -129,6 +130,28 @@ def exporter_entry_point(name: str, signal: str) -> str:
         or "grpc"
     ).strip()
     return "otlp_proto_http" if protocol.startswith("http") else "otlp_proto_grpc"
+
+
+def _quiet(exporter: Any, signal: str) -> Any:
+    """An OTLP exporter whose failures are reported once per episode (one line when the
+    collector goes away, a count now and then, one on recovery) instead of the SDK's retry
+    blocks in the job's output, as the otel-gpu commands do (core/export_log.py)."""
+    if "otlp" not in type(exporter).__module__:
+        return exporter
+    from otel_gpu.core.export_log import EpisodeReportingExporter, EpisodeReportingSignalExporter
+    from otel_gpu.core.otlp import shown_endpoint
+
+    what = f"otel-gpu: {signal} export to {shown_endpoint(_signal_endpoint(signal))}"
+    if isinstance(exporter, MetricExporter):
+        return EpisodeReportingExporter(exporter, what)
+    return EpisodeReportingSignalExporter(exporter, what)
+
+
+def _signal_endpoint(signal: str) -> str | None:
+    specific = {"trace": "TRACES", "metric": "METRICS", "log": "LOGS"}[signal]
+    return os.environ.get(f"OTEL_EXPORTER_OTLP_{specific}_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
 
 
 def _exporters(signal: str) -> list[Any]:
@@ -195,6 +218,9 @@ def shutdown(setup: Setup) -> None:
     """Flush and stop everything within ``setup.shutdown_timeout_s`` in total."""
     if os.getpid() != _configured_pid:
         return  # a forked child: the parent owns the exporters
+    if setup.closed:
+        return  # otel_gpu.init()'s context manager closed it before the interpreter's exit
+    setup.closed = True
     timeout_s = setup.shutdown_timeout_s
     timeout_ms = timeout_s * 1000
     steps: list[tuple[str, Callable[[float], object]]] = []

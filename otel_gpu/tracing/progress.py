@@ -1,4 +1,6 @@
-"""Training progress as metrics: ``training.step``, ``training.phase`` and torch's allocator.
+"""Training progress as metrics: ``training.step``, ``training.phase``, the training numbers
+(``training.loss``, ``training.learning_rate``, ``training.grad_norm``, step time, samples and
+tokens per second) and torch's allocator.
 
 The job's threads only assign Python variables here (:func:`set_step`, :func:`push_phase`);
 the observable callbacks run on the metric reader's thread and read those variables. Every
@@ -18,7 +20,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from opentelemetry import metrics
@@ -31,26 +33,27 @@ from otel_gpu.core.signals import (
     TORCH_ALLOCATED,
     TORCH_PEAK,
     TORCH_RESERVED,
+    TRAINING_GRAD_NORM,
+    TRAINING_LEARNING_RATE,
+    TRAINING_LOSS,
     TRAINING_PHASE,
+    TRAINING_SAMPLES_RATE,
     TRAINING_STEP,
+    TRAINING_STEP_DURATION,
+    TRAINING_TOKENS_RATE,
     observable,
 )
-from otel_gpu.detect.model import PHASE_EVALUATE, PHASE_LOAD, PHASE_SAVE, PHASE_TRAIN
+from otel_gpu.detect.model import (
+    PHASE_ALIASES,
+    PHASE_EVALUATE,
+    PHASE_LOAD,
+    PHASE_SAVE,
+    PHASE_TRAIN,
+)
 
 log = logging.getLogger("otel_gpu.tracing")
 
 PHASES = (PHASE_LOAD, PHASE_TRAIN, PHASE_EVALUATE, PHASE_SAVE)
-# Span and API names that count as one of the phases above.
-PHASE_ALIASES = {
-    "load": PHASE_LOAD,
-    "load_model": PHASE_LOAD,
-    "load_data": PHASE_LOAD,
-    "train": PHASE_TRAIN,
-    "evaluate": PHASE_EVALUATE,
-    "eval": PHASE_EVALUATE,
-    "save": PHASE_SAVE,
-    "save_checkpoint": PHASE_SAVE,
-}
 
 _owner_pid = os.getpid()
 _step: int | None = None
@@ -65,15 +68,30 @@ _lock = threading.Lock()
 STEP_RING = 1024
 _step_ends: deque[tuple[int, int, float]] = deque(maxlen=STEP_RING)
 _step_seq = 0
+# The training numbers: the last value logged of each (loss, learning rate, grad norm), the
+# seconds per step over the last step, and how many samples / tokens a step takes.
+NUMBER_NAMES = {
+    "loss": "loss",
+    "learning_rate": "learning_rate",
+    "lr": "learning_rate",
+    "grad_norm": "grad_norm",
+}
+PER_STEP_NAMES = ("samples", "tokens")
+_numbers: dict[str, float] = {}
+_per_step: dict[str, float] = {}
+_step_s: float | None = None
 
 
 def _reset_after_fork() -> None:
     # A forked child is not the owner; it must report nothing (see module docstring).
-    global _step, _step_seq
+    global _step, _step_seq, _step_s
     _step = None
     _phases.clear()
     _step_ends.clear()
     _step_seq = 0
+    _numbers.clear()
+    _per_step.clear()
+    _step_s = None
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
@@ -86,12 +104,40 @@ def in_owner() -> bool:
 
 def set_step(step: int) -> None:
     """The current global step (optimizer steps done); a new value is a step's end."""
-    global _step, _step_seq
+    global _step, _step_seq, _step_s
     step = int(step)
     if step != _step:
+        now = time.time()
+        last = _step_ends[-1] if _step_ends else None
+        if last is not None and step > last[1] and now > last[2]:
+            _step_s = (now - last[2]) / (step - last[1])
         _step_seq += 1
-        _step_ends.append((_step_seq, step, time.time()))  # deque.append: atomic under the GIL
+        _step_ends.append((_step_seq, step, now))  # deque.append: atomic under the GIL
     _step = step
+
+
+def set_numbers(values: Mapping[str, float]) -> None:
+    """The finite numbers a step logged (``loss``, ``lr`` / ``learning_rate``, ``grad_norm``,
+    and ``samples`` / ``tokens`` a step takes); other keys are ignored. Plain assignments."""
+    for key, value in values.items():
+        name = NUMBER_NAMES.get(key)
+        if name is not None:
+            _numbers[name] = float(value)
+        elif key in PER_STEP_NAMES and value > 0:
+            _per_step[key] = float(value)
+
+
+def numbers() -> dict[str, float]:
+    """The training numbers now: ``loss``, ``learning_rate``, ``grad_norm`` (each once
+    logged), ``step_s`` (seconds per step over the last step), ``samples_per_s`` and
+    ``tokens_per_s`` (when the trainer said how many a step takes)."""
+    out = dict(_numbers)
+    step_s = _step_s
+    if step_s is not None:
+        out["step_s"] = step_s
+        for key, count in list(_per_step.items()):
+            out[f"{key}_per_s"] = count / step_s
+    return out
 
 
 def step_ends_since(seq: int) -> tuple[int, list[tuple[int, int, float]]]:
@@ -176,8 +222,29 @@ def _observe_phase(_options: CallbackOptions) -> Iterable[Observation]:
         yield Observation(1 if phase == current else 0, {PHASE: phase})
 
 
+def _number_callback(key: str) -> Any:
+    def observe(_options: CallbackOptions) -> Iterable[Observation]:
+        if in_owner():
+            value = numbers().get(key)
+            if value is not None:
+                yield Observation(value)
+
+    return observe
+
+
+NUMBER_SIGNALS = (
+    (TRAINING_LOSS, "loss"),
+    (TRAINING_LEARNING_RATE, "learning_rate"),
+    (TRAINING_GRAD_NORM, "grad_norm"),
+    (TRAINING_STEP_DURATION, "step_s"),
+    (TRAINING_SAMPLES_RATE, "samples_per_s"),
+    (TRAINING_TOKENS_RATE, "tokens_per_s"),
+)
+
+
 def register(meter_provider: MeterProvider | None = None) -> bool:
-    """Register ``training.step`` and ``training.phase`` (once per provider); never raises."""
+    """Register ``training.step``, ``training.phase`` and the training numbers (once per
+    provider); never raises."""
     provider = meter_provider or metrics.get_meter_provider()
     with _lock:
         if id(provider) in _registered:
@@ -187,6 +254,8 @@ def register(meter_provider: MeterProvider | None = None) -> bool:
         meter = provider.get_meter("otel_gpu.tracing")
         observable(meter, TRAINING_STEP, [_observe_step])
         observable(meter, TRAINING_PHASE, [_observe_phase])
+        for signal, key in NUMBER_SIGNALS:
+            observable(meter, signal, [_number_callback(key)])
         return True
     except Exception as exc:  # never harm the job
         log.warning("otel-gpu: training instruments not registered: %s", exc)

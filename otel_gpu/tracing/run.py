@@ -24,7 +24,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode, TracerProvider
 
 from otel_gpu.tracing import context, progress
-from otel_gpu.tracing.settings import TracingSettings
+from otel_gpu.tracing.settings import TracingSettings, job_settings
 
 log = logging.getLogger("otel_gpu.tracing")
 
@@ -80,9 +80,11 @@ class RunTracer:
         from otel_gpu import __version__
 
         self.framework = framework
-        self.settings = settings or TracingSettings.load()
+        self.settings = settings or job_settings()
         self.rank = rank or context.RankInfo.from_env()
         self._provider = tracer_provider or trace.get_tracer_provider()
+        if context.turned_off():  # a bad OTEL_GPU_* value: no telemetry, and no exception
+            self._provider = trace.NoOpTracerProvider()
         self._tracer = trace.get_tracer(
             "otel_gpu.tracing", __version__, tracer_provider=self._provider
         )
@@ -207,7 +209,9 @@ class RunTracer:
         self._flush_step()
 
     def step_values(self, step: int, values: Mapping[str, Any]) -> None:
-        """Numbers logged for ``step`` (strings are ignored)."""
+        """Numbers logged for ``step`` (strings are ignored); the training numbers among them
+        become metrics (``training.loss``, ...) whatever the step."""
+        progress.set_numbers(numeric_attributes(values, prefix=""))
         if self._step_n == step:
             self._step_attrs.update(numeric_attributes(values))
 

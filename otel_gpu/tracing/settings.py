@@ -1,6 +1,8 @@
 """Tracing settings: ``OTEL_GPU_*`` environment > default, declared once, validated once.
 
-A bad value raises :class:`~otel_gpu.core.errors.UsageError` naming the variable and what it accepts.
+A bad value raises :class:`~otel_gpu.core.errors.UsageError` naming the variable and what it accepts;
+inside the job (:func:`job_settings`) it turns telemetry off instead, with one line, and never
+reaches the user's code.
 """
 
 from __future__ import annotations
@@ -9,7 +11,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from otel_gpu.core.errors import UsageError
 from otel_gpu.core.settings import Setting, boolean, choice, number, resolve
+from otel_gpu.tracing import context
 from otel_gpu.tracing.environment_variables import (
     OTEL_GPU_ROLE,
     OTEL_GPU_STEP_SPANS_EVERY,
@@ -59,3 +63,24 @@ class TracingSettings:
         the variable on a bad value."""
         values, _origin = resolve(DECLARED, env=os.environ if env is None else env)
         return cls(**values)
+
+
+OFF = TracingSettings(role="off")  # what a process whose telemetry is off runs with
+
+
+def job_settings(env: Mapping[str, str] | None = None) -> TracingSettings:
+    """The settings as the job's own code meets them (``phase()``, ``step()``, the Trainer and
+    Lightning callbacks): a bad value turns telemetry off in this process, says so in one line
+    on stderr (once, whichever API meets it first) and gives :data:`OFF`; never raises."""
+    if context.turned_off():
+        return OFF
+    try:
+        return TracingSettings.load(env)
+    except UsageError as exc:
+        context.turn_off(off_line(exc))
+        return OFF
+
+
+def off_line(error: Exception) -> str:
+    """The one line a bad setting inside the job prints."""
+    return f"otel-gpu: error: {error}; telemetry is off in this process"

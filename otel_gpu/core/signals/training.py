@@ -12,6 +12,30 @@ TRAINING_PHASE = Signal(
     "1",
     "1 for the current training phase (load, train, evaluate, save), 0 for the others.",
 )
+TRAINING_LOSS = Signal(
+    "training.loss", GAUGE, "1", "Training loss of the last step that logged one."
+)
+TRAINING_LEARNING_RATE = Signal(
+    "training.learning_rate", GAUGE, "1", "Learning rate of the last step that logged one."
+)
+TRAINING_GRAD_NORM = Signal(
+    "training.grad_norm", GAUGE, "1", "Gradient norm of the last step that logged one."
+)
+TRAINING_STEP_DURATION = Signal(
+    "training.step.duration", GAUGE, "s", "Seconds per optimizer step, over the last step."
+)
+TRAINING_SAMPLES_RATE = Signal(
+    "training.samples.rate",
+    GAUGE,
+    "{sample}/s",
+    "Samples per second over the last step (when the trainer says how many a step takes).",
+)
+TRAINING_TOKENS_RATE = Signal(
+    "training.tokens.rate",
+    GAUGE,
+    "{token}/s",
+    "Tokens per second over the last step (when the trainer says how many a step takes).",
+)
 TORCH_ALLOCATED = Signal(
     "torch.cuda.memory.allocated",
     UPDOWN,

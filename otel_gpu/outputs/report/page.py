@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from otel_gpu.core import units
-from otel_gpu.outputs.report.plots import activity_figure, memory_figure, to_svg
+from otel_gpu.outputs.report.plots import activity_figure, memory_figure, to_svg, training_figure
 from otel_gpu.outputs.report.replay import Run
 
 CSS = """
@@ -61,6 +61,13 @@ def alerts_table(run: Run) -> str:
         (t.time, f"breaker {t.from_state} → {t.to_state}", t.subject, t.reason)
         for t in run.transitions
     ]
+    for d in run.context.get("diagnoses") or []:  # recorded beside the live alerts
+        if isinstance(d, dict) and isinstance(d.get("time"), int | float):
+            lines = [str(x) for x in d.get("lines") or []]
+            text = " | ".join(lines) or f"no diagnosis: {d.get('error')}"
+            events.append(
+                (float(d["time"]), f"{d.get('kind')} diagnosis", str(d.get("subject")), text)
+            )
     for when, what, subject, text in sorted(events, key=lambda e: e[0]):
         rows.append(
             f"<tr><td>{units.duration(when - run.start)}</td><td>{_esc(what)}</td>"
@@ -106,6 +113,13 @@ def context_table(run: Run) -> str:
 def run_section(run: Run, index: int) -> str:
     memory = to_svg(memory_figure(run), f"run{index}-memory")
     activity = to_svg(activity_figure(run), f"run{index}-activity")
+    progress = training_figure(run)
+    training = (
+        ""
+        if progress is None
+        else f'<div class="plot" id="training-{index}">'
+        f"{to_svg(progress, f'run{index}-training')}</div>"
+    )
     return (
         f'<section class="run"><h2>{_esc(run.name)}</h2>'
         f'<p class="muted">{units.duration(run.end - run.start)} of data, '
@@ -114,6 +128,7 @@ def run_section(run: Run, index: int) -> str:
         f"<h3>Summary</h3>{summary_table(run)}"
         f'<div class="plot" id="memory-{index}">{memory}</div>'
         f'<div class="plot" id="activity-{index}">{activity}</div>'
+        f"{training}"
         f"<h3>Alerts and breaker transitions</h3>{alerts_table(run)}</section>"
     )
 

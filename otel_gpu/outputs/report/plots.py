@@ -12,6 +12,7 @@ import functools
 import io
 import re
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from matplotlib import rc_context
 from matplotlib.axes import Axes
@@ -22,6 +23,8 @@ from otel_gpu.core import units
 from otel_gpu.detect.breaker import CLOSED, HALF_OPEN, OPEN
 from otel_gpu.outputs.report.replay import Run, Series
 
+_F = TypeVar("_F", Figure, Figure | None)
+
 PHASE_COLOURS = {"load": "#9ecae1", "evaluate": "#fdd0a2", "save": "#c7e9c0"}
 TRANSITION_MARKS = {OPEN: ("^", "#d62728"), HALF_OPEN: ("D", "#ff7f0e"), CLOSED: ("v", "#2ca02c")}
 
@@ -30,9 +33,9 @@ TRANSITION_MARKS = {OPEN: ("^", "#d62728"), HALF_OPEN: ("D", "#ff7f0e"), CLOSED:
 # this setting (text.parse_math) when it is created, so figures are built and drawn under it.
 
 
-def _literal_text(build: Callable[[Run], Figure]) -> Callable[[Run], Figure]:
+def _literal_text(build: Callable[[Run], _F]) -> Callable[[Run], _F]:
     @functools.wraps(build)
-    def wrapper(run: Run) -> Figure:
+    def wrapper(run: Run) -> _F:
         with rc_context({"text.parse_math": False}):
             return build(run)
 
@@ -180,6 +183,45 @@ def activity_figure(run: Run) -> Figure:
     ax.set_title("GPU utilization and power")
     ax.grid(alpha=0.3)
     _legend_below(fig, ax, power_ax)
+    return fig
+
+
+def training_series(run: Run) -> Series | None:
+    """The series that carries the trainers' steps (a GPU's: the join writes them there)."""
+    return next((s for s in run.series.values() if any(v is not None for v in s.step)), None)
+
+
+@_literal_text
+def training_figure(run: Run) -> Figure | None:
+    """The training steps over time and the step rate (steps/s); None without steps."""
+    s = training_series(run)
+    if s is None:
+        return None
+    fig = Figure(figsize=(10, 3.0), layout="constrained")
+    ax = fig.add_subplot()
+    rate_ax = ax.twinx()
+    known = [(t, v) for t, v in zip(s.times, s.step, strict=True) if v is not None]
+    ax.plot(_x(run, [t for t, _ in known]), [v for _, v in known], color="C0", lw=1.4,
+            label="step")  # fmt: skip
+    rates_t, rates = [], []
+    for (t0, v0), (t1, v1) in zip(known, known[1:], strict=False):
+        if t1 > t0:
+            rates_t.append(t1)
+            rates.append(max(0.0, (v1 - v0) / (t1 - t0)))
+    rate_ax.plot(_x(run, rates_t), rates, color="C1", lw=1, ls="--", alpha=0.8,
+                 label="steps/s")  # fmt: skip
+    _decorate(ax, run, {s.subject})
+    _, unit = _scale(run)
+    ax.set_xlabel(f"time since start ({unit})")
+    ax.set_ylabel("global step")
+    ax.set_ylim(bottom=0)
+    rate_ax.set_ylabel("steps/s")
+    rate_ax.set_ylim(bottom=0)
+    ax.set_title("Training progress")
+    ax.grid(alpha=0.3)
+    lines, names = ax.get_legend_handles_labels()
+    more, more_names = rate_ax.get_legend_handles_labels()
+    ax.legend(lines + more, names + more_names, fontsize=7, loc="upper left", ncols=2)
     return fig
 
 

@@ -32,6 +32,7 @@ class Series:
     util: list[float | None] = field(default_factory=list)
     power: list[float | None] = field(default_factory=list)
     phase: list[str | None] = field(default_factory=list)
+    step: list[float | None] = field(default_factory=list)  # the trainers' (the join's)
     floor_times: list[float] = field(default_factory=list)
     floor: list[float] = field(default_factory=list)
     limit_bytes: float | None = None  # the last memory limit seen (a GPU's total memory)
@@ -88,6 +89,7 @@ def replay_recording(
         s.util.append(p.util)
         s.power.append(p.power_w)
         s.phase.append(p.phase)
+        s.step.append(p.step)
         if p.limit_bytes is not None:
             s.limit_bytes = p.limit_bytes
         summary.observe(subject, p, row.label)

@@ -8,6 +8,7 @@ snapshot, the engine or the breaker.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from otel_gpu.core.printable import printable
 from otel_gpu.core.units import gpu_label
@@ -58,12 +59,29 @@ class Frame:
     last_alert_label: str | None = None
     no_gpu_reason: str | None = None
     detecting: bool = True  # False with --no-detect: no breaker, no floor trend
+    training: str | None = None  # the trainers' ``phase train  step 1234`` (agent/trainers.py)
     # Reads adaptive sampling slowed (OTEL_GPU_CPU_BUDGET): (kind, seconds between reads).
     slowed: tuple[tuple[str, float], ...] = ()
 
 
-def build_frame(sweep: Sweep, started: float, last_alert: Alert | None = None) -> Frame:
-    """The frame of ``sweep``; ``started`` is the data time of the first sweep."""
+def _meant(observed_s: float, engine: Any, leaking: bool) -> bool:
+    """Whether a floor rate means something yet: the view has watched for at least the
+    shortest window the leak detector alerts from (an open breaker's always does). Before
+    that, a warm-up ramp reads as a leak of thousands of MB/h."""
+    if leaking:
+        return True
+    cfg = engine.config
+    shortest = cfg.leak_min_window_s
+    if cfg.leak_urgent_window_s > 0:
+        shortest = min(shortest, cfg.leak_urgent_window_s)
+    return observed_s >= shortest
+
+
+def build_frame(
+    sweep: Sweep, started: float, last_alert: Alert | None = None, training: str | None = None
+) -> Frame:
+    """The frame of ``sweep``; ``started`` is the data time of the first sweep; ``training``
+    the trainers' phase and step for the title."""
     snap = sweep.snapshot
     names = labels(snap)
     states: dict[str, str] = {}
@@ -96,6 +114,9 @@ def build_frame(sweep: Sweep, started: float, last_alert: Alert | None = None) -
         p = procs.get(local)
         subject = f"process:{gp.pid}@{gp.gpu_uuid}"
         trend = sweep.engine.floor_trend(subject) if sweep.engine is not None else None
+        observed = snap.time - started
+        if trend is not None and not _meant(observed, sweep.engine, states.get(subject) == OPEN):
+            trend = None
         rows.append(
             ProcessRow(
                 local,
@@ -129,6 +150,7 @@ def build_frame(sweep: Sweep, started: float, last_alert: Alert | None = None) -
         last_alert_label=None if last_alert is None else names.get(last_alert.subject),
         no_gpu_reason=None if snap.no_gpu_reason is None else printable(snap.no_gpu_reason),
         detecting=sweep.breaker is not None,
+        training=None if training is None else printable(training),
         slowed=slowed_reads(snap.intervals),
     )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from typing import IO, Any
 
 from rich.console import Console
@@ -25,7 +26,7 @@ from otel_gpu.detect.model import Alert
 from otel_gpu.outputs.sweeps import Sweep
 from otel_gpu.outputs.view.frame import Frame, build_frame
 from otel_gpu.outputs.view.pinned import PinnedRegion
-from otel_gpu.outputs.view.render import WIDTH, plain_line, table
+from otel_gpu.outputs.view.render import MAX_WIDTH, WIDTH, plain_line, table
 
 log = logging.getLogger("otel_gpu.view")
 
@@ -52,14 +53,15 @@ class _Console(Console):
 
 
 def make_console(stream: IO[str] | None = None, *, force_terminal: bool = False) -> Console:
-    """A console on ``stream`` (default stderr) no wider than the view."""
+    """A console on ``stream`` (default stderr) no wider than the view can use: the
+    terminal's width from 80 up to the view's widest."""
     console = _Console(
         file=stream if stream is not None else sys.stderr,
         force_terminal=True if force_terminal else None,
         highlight=False,
         soft_wrap=False,
     )
-    console.width = min(console.width, WIDTH + 2)
+    console.width = max(WIDTH + 2, min(console.width, MAX_WIDTH + 2))
     return console
 
 
@@ -86,6 +88,9 @@ class LiveView:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pinned: PinnedRegion | None = None
+        # The trainers' phase and step for the title (``phase train  step 1234``), read on the
+        # sampler thread when each frame is built; None when no trainer is joined.
+        self.training: Callable[[], str | None] | None = None
 
     # -- sampler thread -----------------------------------------------------------------------
 
@@ -95,7 +100,8 @@ class LiveView:
     def on_sweep(self, sweep: Sweep) -> None:
         if self._started is None:
             self._started = sweep.snapshot.time
-        self._frame = build_frame(sweep, self._started, self._last_alert)
+        training = self.training() if self.training is not None else None
+        self._frame = build_frame(sweep, self._started, self._last_alert, training)
         self._wake.set()
 
     # -- the view's thread --------------------------------------------------------------------
@@ -137,7 +143,7 @@ class LiveView:
             return
         self._drawn = frame
         if self._pinned is not None:
-            self._pinned.draw(table(frame, self.title))
+            self._pinned.draw(table(frame, self.title, self.console.width - 2))
         else:
             line = plain_line(frame, self.title)
             self.console.print(line, markup=False, highlight=False, crop=False, soft_wrap=True)

@@ -1,6 +1,7 @@
 """Drawing a :class:`Frame`: a compact table for terminals (rich), one line for logs.
 
-The table is at most 78 columns wide whatever the terminal's width, so it fits 80. Colour marks
+The table is 78 columns wide on an 80-column terminal and grows with a wider one (up to
+:data:`MAX_WIDTH`: the model and process names get the room). Colour marks
 what needs a look (idle GPU, nearly full memory, an open breaker, a rising floor); rich drops
 it when ``NO_COLOR`` is set or the stream is not a terminal.
 """
@@ -16,7 +17,8 @@ from otel_gpu.core.printable import printable
 from otel_gpu.detect.breaker import HALF_OPEN, OPEN
 from otel_gpu.outputs.view.frame import Frame, GpuRow, ProcessRow
 
-WIDTH = 78
+WIDTH = 78  # on an 80-column terminal (the least it is drawn for)
+MAX_WIDTH = 158
 # A floor rising faster than this (By/s, 5 MB/h: the leak detector's minimum rate) is shown.
 RISING = 5e6 / 3600
 
@@ -55,7 +57,9 @@ def _trend_style(row: ProcessRow) -> str:
 def header(frame: Frame, title: str) -> Text:
     text = Text(printable(title), style="bold")
     text.append(f"  up {clock(frame.elapsed_s)}")
-    if frame.phase:
+    if frame.training:
+        text.append(f"  {frame.training}")
+    elif frame.phase:
         text.append(f"  phase {printable(frame.phase)}")
     if frame.slowed:
         text.append(f"  {slowed_text(frame)}", style="yellow")
@@ -97,19 +101,22 @@ def alert_line(frame: Frame) -> Text:
     )
 
 
-def table(frame: Frame, title: str) -> RenderableType:
-    """The live view: header, GPU rows, process rows, breaker and last alert."""
-    gpus = Table(box=None, padding=(0, 1), pad_edge=False, header_style="bold", width=WIDTH)
-    for name, width, justify in (
+def table(frame: Frame, title: str, width: int = WIDTH) -> RenderableType:
+    """The live view: header, GPU rows, process rows, breaker and last alert; ``width``
+    columns (from :data:`WIDTH` to :data:`MAX_WIDTH`): the names take what is over 78."""
+    width = max(WIDTH, min(MAX_WIDTH, width))
+    extra = width - WIDTH
+    gpus = Table(box=None, padding=(0, 1), pad_edge=False, header_style="bold", width=width)
+    for name, column, justify in (
         ("GPU", 13, "left"),
-        ("model", 14, "left"),
+        ("model", 14 + extra, "left"),
         ("memory", 15, "right"),
         ("util", 4, "right"),
         ("power", 6, "right"),
         ("temp", 5, "right"),
         ("state", 9, "left"),
     ):
-        gpus.add_column(name, width=width, justify=justify, no_wrap=True, overflow="ellipsis")  # type: ignore[arg-type]
+        gpus.add_column(name, width=column, justify=justify, no_wrap=True, overflow="ellipsis")  # type: ignore[arg-type]
     for g in frame.gpus:
         gpus.add_row(
             g.label,
@@ -120,17 +127,17 @@ def table(frame: Frame, title: str) -> RenderableType:
             units.celsius(g.temperature_c),
             Text(g.state.replace("_", "-"), style=_state_style(g.state)),
         )
-    procs = Table(box=None, padding=(0, 1), pad_edge=False, header_style="bold", width=WIDTH)
-    for name, width, justify in (
+    procs = Table(box=None, padding=(0, 1), pad_edge=False, header_style="bold", width=width)
+    for name, column, justify in (
         ("PID", 8, "right"),
-        ("process", 16, "left"),
+        ("process", 16 + extra, "left"),
         ("GPU", 5, "left"),
         ("GPU mem", 9, "right"),
         ("floor", 11, "right"),
         ("CPU", 5, "right"),
         ("RSS", 9, "right"),
     ):
-        procs.add_column(name, width=width, justify=justify, no_wrap=True, overflow="ellipsis")  # type: ignore[arg-type]
+        procs.add_column(name, width=column, justify=justify, no_wrap=True, overflow="ellipsis")  # type: ignore[arg-type]
     for p in frame.processes:
         procs.add_row(
             str(p.pid),
@@ -155,7 +162,7 @@ def table(frame: Frame, title: str) -> RenderableType:
         parts.append(Text(f"... {frame.hidden_processes} more GPU processes", style="dim"))
     parts.append(breaker_line(frame))
     alert = alert_line(frame)
-    alert.truncate(WIDTH * 2, overflow="ellipsis")
+    alert.truncate(width * 2, overflow="ellipsis")
     parts.append(alert)
     return Group(*parts)
 
@@ -164,7 +171,11 @@ def plain_line(frame: Frame, title: str) -> str:
     """One line per interval for logs and pipes: every GPU and GPU process, breaker, alert."""
     parts = [
         f"{printable(title)} up {clock(frame.elapsed_s)}"
-        + (f" phase {printable(frame.phase)}" if frame.phase else "")
+        + (
+            f" {frame.training}"
+            if frame.training
+            else (f" phase {printable(frame.phase)}" if frame.phase else "")
+        )
     ]
     if frame.slowed:
         parts.append(slowed_text(frame))

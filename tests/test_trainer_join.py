@@ -1,0 +1,261 @@
+"""The wrapper and the trainer are one job (issue 19.1): ``otel-gpu run`` polls its trainers'
+``progress`` over the control channel (otel_gpu/agent/trainers.py) into the detectors, the
+view, ``--record`` and the summary, and hands the trainer its runtime directory, its export
+settings and (for a plain ``python``) the in-process part.
+
+Real processes: ``otel-gpu run`` around a real training loop (``opentelemetry-instrument
+python`` and plain ``python``), real control sockets, an OTLP gRPC receiver on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.cli import CLI, clean_env
+from support.otlp_sink import OtlpSink
+
+from otel_gpu.agent.settings import Settings
+from otel_gpu.agent.trainers import TrainerProgress
+from otel_gpu.commands.run import hand_to_trainer
+from otel_gpu.core.channel import ChannelError, socket_path
+from otel_gpu.sampling.snapshot import ProcessSample, Snapshot
+from otel_gpu.tracing.autoload import AUTOLOAD_DIR
+
+INSTRUMENT = str(Path(sys.executable).parent / "opentelemetry-instrument")
+
+# A training loop with a load and a train phase, 24 steps of 50 ms; prints what it was handed.
+TRAIN = """
+import os, time
+import otel_gpu
+print("EXPORTERS", os.environ.get("OTEL_TRACES_EXPORTER"), os.environ.get("OTEL_METRICS_EXPORTER"))
+with otel_gpu.phase("load"):
+    time.sleep(0.6)
+with otel_gpu.phase("train"):
+    for i in range(1, 25):
+        time.sleep(0.05)
+        otel_gpu.step(i, loss=1.0 / i)
+time.sleep(0.8)  # one more poll sees the last step
+print("TRAINED")
+"""
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    return clean_env(
+        OTEL_GPU_RUNTIME_DIR=str(runtime),
+        OTEL_GPU_INTERVAL="0.3",
+        OTEL_GPU_SIMULATE="steady",
+        OTEL_METRIC_EXPORT_INTERVAL="300",
+        **extra,
+    )
+
+
+def _run(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    return subprocess.run(
+        [*CLI, "run", "--view", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env if env is not None else _env(tmp_path),
+        cwd=tmp_path,
+    )
+
+
+def _gpu_rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as fh:
+        return [r for r in csv.DictReader(fh) if r["subject"].startswith("gpu:")]
+
+
+# -- real jobs ---------------------------------------------------------------------------------
+
+
+@pytest.mark.peers
+def test_a_plain_python_job_joins_view_record_and_summary(tmp_path: Path) -> None:
+    # No opentelemetry-instrument: run loads the in-process part (sitecustomize), and the
+    # user's own sitecustomize still runs.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "sitecustomize.py").write_text(
+        "import os\nopen(os.environ['MARK'], 'w').write('ran')\n"
+    )
+    env = _env(tmp_path, MARK=str(tmp_path / "mark"))
+    env["PYTHONPATH"] = os.pathsep.join([str(mine), env.get("PYTHONPATH", "")])
+    record, summary = tmp_path / "rec.csv", tmp_path / "summary.json"
+    proc = _run(
+        tmp_path,
+        "--exporter", "none",
+        "--record", str(record),
+        "--summary-json", str(summary),
+        "--", sys.executable, "train.py",
+        env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "TRAINED" in proc.stdout
+    assert (tmp_path / "mark").read_text() == "ran"
+    rows = _gpu_rows(record)
+    assert {"load", "train"} <= {r["phase"] for r in rows}
+    steps = [float(r["step"]) for r in rows if r["step"]]
+    assert steps and max(steps) == 24.0 and steps == sorted(steps)
+    training = json.loads(summary.read_text())["training"]
+    assert training["steps"] == 24
+    assert training["step_rate_per_s"] > 1
+    assert set(training["phases_s"]) >= {"train"}
+    assert training["last"]["loss"] == pytest.approx(
+        1 / 24, abs=1e-6
+    )  # the trainer's numbers (19.2)
+    assert training["last"]["step_s"] > 0
+    assert "phase train  step " in proc.stderr and " loss " in proc.stderr  # the view title
+    assert "training: 24 steps" in proc.stderr and "last loss 0.04167" in proc.stderr
+    # The report draws the training progress from the recording's step column.
+    page = tmp_path / "report.html"
+    made = subprocess.run(
+        [*CLI, "report", str(record), "-o", str(page)],
+        capture_output=True, text=True, timeout=120, env=clean_env(),
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert 'id="training-0"' in page.read_text() and "Training progress" in page.read_text()
+    # --exporter none reached the trainer: no export attempt, no retry lines in the output.
+    assert "EXPORTERS none none" in proc.stdout
+    assert "Failed to export" not in proc.stderr and "Transient error" not in proc.stderr
+
+
+@pytest.mark.peers
+def test_an_instrumented_trainer_exports_behind_the_wrappers_endpoint(tmp_path: Path) -> None:
+    with OtlpSink() as sink:
+        summary = tmp_path / "summary.json"
+        proc = _run(
+            tmp_path,
+            "--endpoint", sink.endpoint,
+            "--summary-json", str(summary),
+            "--", INSTRUMENT, sys.executable, "train.py",
+        )  # fmt: skip
+        spans = sink.spans()
+        points = sink.points()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "EXPORTERS otlp otlp" in proc.stdout
+    names = {s.name for s in spans}
+    assert {"train", "step"} <= names, names  # the trainer's traces reached --endpoint
+    assert {p.metric for p in points} >= {"training.step", "hw.gpu.utilization"}
+    assert json.loads(summary.read_text())["training"]["steps"] == 24
+
+
+@pytest.mark.peers
+def test_no_instrument_leaves_a_plain_python_job_alone(tmp_path: Path) -> None:
+    summary = tmp_path / "summary.json"
+    proc = _run(
+        tmp_path,
+        "--exporter", "none",
+        "--no-instrument",
+        "--summary-json", str(summary),
+        "--", sys.executable, "train.py",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(summary.read_text())["training"] is None
+    assert not list((tmp_path / "rt").glob("proc-*.sock"))
+
+
+# -- the hand-over and the poller, in-process ----------------------------------------------
+
+
+@pytest.mark.unit
+def test_the_wrappers_export_settings_reach_the_trainer_unless_the_user_set_its_own(
+    tmp_path: Path,
+) -> None:
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700)
+    env = {"OTEL_GPU_RUNTIME_DIR": str(runtime), "PYTHONPATH": "/a"}
+    settings = Settings.load({}, exporter="otlp,console,prometheus", endpoint="http://127.0.0.1:9")
+    assert hand_to_trainer(env, settings, {"exporter", "endpoint"}) == str(runtime)
+    assert env["OTEL_TRACES_EXPORTER"] == env["OTEL_METRICS_EXPORTER"] == "otlp"
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://127.0.0.1:9"
+    assert env["PYTHONPATH"] == os.pathsep.join([AUTOLOAD_DIR, "/a"])
+    user = {"OTEL_GPU_RUNTIME_DIR": str(runtime), "OTEL_TRACES_EXPORTER": "console"}
+    user["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:7"
+    none = Settings.load({}, exporter="none", endpoint="http://127.0.0.1:9", instrument=False)
+    hand_to_trainer(user, none, {"exporter", "endpoint", "instrument"})
+    assert user["OTEL_TRACES_EXPORTER"] == "console"  # the user's own
+    assert user["OTEL_METRICS_EXPORTER"] == user["OTEL_LOGS_EXPORTER"] == "none"
+    assert user["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://127.0.0.1:7"
+    assert "PYTHONPATH" not in user
+
+
+class FakeTrainers:
+    """The replies of trainers by PID (``progress`` with a step ring), counting requests."""
+
+    def __init__(self) -> None:
+        self.steps: dict[int, list[int]] = {}
+        self.gone: set[int] = set()
+        self.asked: list[tuple[int, str, int]] = []
+
+    def __call__(self, path: str, op: str, timeout_s: float, **args: Any) -> dict[str, Any]:
+        pid = int(Path(path).name.removeprefix("proc-").removesuffix(".sock"))
+        self.asked.append((pid, op, args.get("since", -1)))
+        if pid in self.gone:
+            raise ChannelError("the process that served there is gone")
+        if op == "hello":
+            return {"pid": pid, "rank": pid % 10}
+        ends = [[i + 1, s, 1000.0 + i] for i, s in enumerate(self.steps.get(pid, []))]
+        since = args["since"]
+        return {
+            "phase": "train",
+            "step": ends[-1][1] if ends else None,
+            "seq": len(ends),
+            "steps": [e for e in ends if e[0] > since],
+            "lost": 0,
+        }
+
+
+def _snap(t: float, pids: list[int]) -> Snapshot:
+    return Snapshot(time=t, processes=tuple(ProcessSample(pid) for pid in pids))
+
+
+@pytest.mark.unit
+def test_the_poller_keeps_a_cursor_is_bounded_and_forgets_the_gone(tmp_path: Path) -> None:
+    pids = list(range(100, 112))
+    for pid in pids:
+        Path(socket_path(str(tmp_path), pid)).write_text("")  # the names are what is listed
+    fake = FakeTrainers()
+    progress = TrainerProgress(str(tmp_path), max_sockets=4, send=fake)
+    fake.steps = {pid: [1, 2, 3] for pid in pids}
+    progress.on_snapshot(_snap(1.0, [1, *pids]))  # PID 1 serves no socket: never asked
+    asked = {pid for pid, _op, _since in fake.asked}
+    assert len(asked) == 4 and 1 not in asked  # at most 4 sockets per sweep
+    for t in (2.0, 3.0):
+        progress.on_snapshot(_snap(t, pids))
+    assert {pid for pid, _op, _since in fake.asked} == set(pids)  # the others in turn
+    fake.asked.clear()
+    fake.steps[100] = [1, 2, 3, 4, 5]
+    for t in (4.0, 5.0, 6.0):
+        progress.on_snapshot(_snap(t, pids))
+    assert (100, "progress", 3) in fake.asked  # asked since the last step end it saw
+    assert progress.step() == 3.0  # the lowest rank's... the slowest trainer's step
+    assert progress.phase() == "train"
+    assert progress.title() == "phase train  step 3"
+    fake.gone.add(101)
+    fake.asked.clear()
+    for t in (7.0, 8.0, 9.0, 10.0, 11.0, 12.0):
+        progress.on_snapshot(_snap(t, pids))
+    assert sum(1 for pid, _op, _since in fake.asked if pid == 101) == 1  # forgotten at once
+    # The same PID serves a new socket (it exec'd, as opentelemetry-instrument does): asked again.
+    fresh = tmp_path / "fresh"
+    fresh.write_text("")
+    fresh.rename(socket_path(str(tmp_path), 101))  # a new inode while the old one still exists
+    fake.gone.clear()
+    fake.asked.clear()
+    for t in (13.0, 14.0, 15.0):
+        progress.on_snapshot(_snap(t, pids))
+    assert (101, "hello", -1) in fake.asked
+    summary = progress.summary()
+    assert summary is not None and summary["steps"] == 5 and summary["step_ends"] == 5
