@@ -155,6 +155,7 @@ def _everything_exported() -> Exported:
         processes=(ProcessSample(pid=7, **_process_values()),),
         sweep_seconds=0.02,
         nvml_errors=(("TIMEOUT", 1),),
+        intervals=(("gpu", 1.0), ("process_details", 4.0)),
     )
     return (
         _exported(_agent_table(snap))

@@ -110,6 +110,7 @@ class Agent:
                     discovery_period_s=DISCOVERY_PERIOD_S,
                     roots=tuple(roots),
                     process_command=settings.process_command,
+                    cpu_budget=settings.cpu_budget,
                 )
             )
         else:
@@ -159,10 +160,20 @@ class Agent:
             self.watchdog.diagnosis_queue().register(STALL, StallDiagnoser(roots))
         if self.watchdog is not None:
             self.sampler.add_listener(self.watchdog.on_snapshot)
+            if isinstance(self.sampler, SamplerProcess):
+                self.sampler.add_listener(self._protect_judged_reads)
             if meter_provider is not None:
                 self.watchdog.register_instruments(
                     meter_provider.get_meter("otel_gpu", _version(), schema_url=SCHEMA_URL)
                 )
+
+    def _protect_judged_reads(self, _snap: object) -> None:
+        """After detection: while any subject is suspected or confirmed (an active condition
+        or a breaker not closed), adaptive sampling slows no read the detectors judge."""
+        judging = self.watchdog.judging()
+        sampler = self.sampler
+        if isinstance(sampler, SamplerProcess) and judging != sampler.protected:
+            sampler.protect(judging)
 
     def start(self) -> Agent:
         self.sampler.start()

@@ -74,19 +74,19 @@ def _otlp_exporter(
     """The SDK's OTLP exporter for the protocol ``OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL`` asks
     (gRPC by default, or HTTP/protobuf), its problems reported once per episode and, over gRPC,
     the points a collector rejects in a partial success counted
-    (``otel_gpu.agent.export.rejected_points``)."""
+    (``otel_gpu.agent.export.rejected_points``). Over gRPC each series' attributes are encoded
+    once, not at every export (otel_gpu/agent/encode.py)."""
+    from otel_gpu.agent.encode import cached_otlp_exporter_class
     from otel_gpu.core.export_log import EpisodeReportingExporter, PartialSuccessReport
 
     env = os.environ if env is None else env
     if otlp_protocol(env, "metrics") == HTTP_PROTOBUF:
         return _otlp_http_exporter(settings, env)
-    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-
     kwargs: dict[str, object] = {"timeout": settings.export_timeout_s}
     if settings.endpoint:
         kwargs["endpoint"] = settings.endpoint
     try:
-        exporter = OTLPMetricExporter(**kwargs)  # type: ignore[arg-type]
+        exporter = cached_otlp_exporter_class()(**kwargs)
     except Exception as exc:  # e.g. OTEL_EXPORTER_OTLP_COMPRESSION=zstd, a bad header
         raise UsageError(
             f"cannot configure the OTLP exporter from the OTEL_EXPORTER_OTLP_* settings: {exc}"

@@ -152,11 +152,18 @@ def _nvml_errors(s: SamplingState, _e: ExportHealth) -> Iterable[Observation]:
         yield Observation(count, {sig.ERROR_TYPE: name})
 
 
+def _sampling_intervals(s: SamplingState, _e: ExportHealth) -> Iterable[Observation]:
+    snap = s.fresh()
+    for read, seconds in snap.intervals if snap is not None else ():
+        yield Observation(seconds, {sig.AGENT_READ: read})
+
+
 INSTRUMENTS: Sequence[SelfInstrument] = (
     SelfInstrument(sig.AGENT_SWEEP_DURATION, _sweep_duration),
     SelfInstrument(sig.AGENT_GPU_READ_DURATION, _gpu_read_duration),
     SelfInstrument(sig.AGENT_SNAPSHOT_AGE, _snapshot_age),
     SelfInstrument(sig.AGENT_NVML_ERRORS, _nvml_errors),
+    SelfInstrument(sig.AGENT_SAMPLING_INTERVAL, _sampling_intervals),
     SelfInstrument(sig.AGENT_SAMPLER_RESTARTS, lambda s, _e: [Observation(s.restarts)]),
     SelfInstrument(sig.AGENT_EXPORT_FAILURES, lambda _s, e: [Observation(e.failures)]),
     SelfInstrument(sig.AGENT_EXPORT_DROPPED_POINTS, lambda _s, e: [Observation(e.dropped_points)]),

@@ -214,6 +214,14 @@ DECLARED = (
         "line; `process.command`, argv[0], stays); see \"What is redacted\"", "redacted",
     ),
     Setting(
+        "cpu_budget", "OTEL_GPU_CPU_BUDGET",
+        number(0.0, 100.0, accepted="use a percent of one core from 0 (off) to 100"),
+        "the agent's CPU budget, percent of one core: above it (or on a saturated host) "
+        "per-process `/proc` details, then per-process GPU utilization, are read less often "
+        "(`otel_gpu.agent.sampling.interval`); never while a leak or stall is suspected; `0`: off",
+        "2",
+    ),
+    Setting(
         "server_metrics", "OTEL_GPU_SERVER_METRICS", _server_metrics,
         "the server's Prometheus endpoint, scraped each interval (2 s timeout, 8 MiB cap)",
         "off", "--server-metrics", "URL",
@@ -267,6 +275,8 @@ class Settings:
     # What process.command_line (and the process detector's command line and arguments) hold:
     # redacted, executable or off (otel_gpu.core.redact).
     process_command: str = COMMAND_REDACTED
+    # The agent's CPU budget in percent of one core (adaptive sampling); 0: off.
+    cpu_budget: float = 2.0
     # The inference server's Prometheus URL the sidecar scrapes; None: no scrape.
     server_metrics: str | None = None
     # run: load the in-process part into a Python job without opentelemetry-instrument.

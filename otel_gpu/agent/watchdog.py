@@ -313,6 +313,16 @@ class Watchdog:
             alert, message=f"{alert.message} (processes on it: {who})", evidence=evidence
         )
 
+    def judging(self) -> bool:
+        """Whether a leak or stall is suspected or confirmed now: a subject with an active
+        condition or whose breaker is not closed (after the last sweep). Cheap each sweep:
+        conditions are only asked of subjects that raised an alert."""
+        with self._lock:
+            if any(state != CLOSED for state in self._states.values()):
+                return True
+            alerted = {subject for subject, _kind in self._alert_counts}
+        return any(self.engine.active_kinds(s) for s in alerted)
+
     def _live_leaks(self) -> dict[str, tuple[float, float | None]]:
         """The current rate and time to exhaustion of every active leak (a leak is only active
         after its alert, so only subjects that raised one are asked)."""

@@ -9,8 +9,8 @@ agent runs every NVML and /proc read in a helper process (:mod:`otel_gpu.samplin
 * started with a fresh ``exec`` of the interpreter, never a ``fork`` of a process that may hold
   CUDA or NCCL state, in its own session (a terminal's Ctrl-C does not reach it) and with
   OpenTelemetry's auto-instrumentation removed from its environment;
-* handing one compact snapshot per sweep to the agent over a pipe (length-prefixed pickles of
-  the :mod:`otel_gpu.sampling.snapshot` records; the helper is our own code);
+* handing one compact snapshot per sweep to the agent over a pipe (:mod:`otel_gpu.sampling.wire`:
+  length-prefixed ``marshal`` frames of plain values, each record's static fields sent once);
 * supervised here: when it dies (abort, segfault, exit) or stops delivering snapshots for
   :attr:`SamplerProcess.kill_after_s`, it is killed if need be and started again with
   exponential backoff. The helper watches its own sweeps too: a sweep stuck in a /proc read for
@@ -28,10 +28,8 @@ import contextlib
 import json
 import logging
 import os
-import pickle
 import select
 import signal
-import struct
 import subprocess
 import threading
 import time
@@ -41,11 +39,10 @@ from dataclasses import asdict, dataclass, replace
 from otel_gpu.core.child_python import python_argv
 from otel_gpu.sampling.sampler import Published
 from otel_gpu.sampling.snapshot import STATUS_DEGRADED, GpuSample, Snapshot
+from otel_gpu.sampling.wire import FrameReader
 
 log = logging.getLogger("otel_gpu.sampler")
 
-FRAME_HEADER = struct.Struct("!I")
-MAX_FRAME = 64 << 20  # a frame larger than this is a corrupt stream, not a snapshot
 EXIT_HUNG = 70  # the helper's exit code after it reported a hung sweep
 HEALTHY_AFTER_S = 300.0  # a helper that has run this long ends a failure episode
 SKIP_FOR_S = 600.0  # a PID whose /proc read hung is skipped this long
@@ -70,6 +67,8 @@ class SamplerSpec:
     process_command: str = "redacted"  # OTEL_GPU_PROCESS_COMMAND (otel_gpu.core.redact)
     log_level: int = logging.WARNING
     parent_pid: int = 0
+    cpu_budget: float = 0.0  # OTEL_GPU_CPU_BUDGET, percent of one core; 0: no adaptation
+    budget_window_s: float = 10.0  # how long the agent's cost is measured before each decision
 
     @property
     def hang_after_s(self) -> float:
@@ -86,32 +85,6 @@ class SamplerSpec:
         raw["roots"] = tuple(raw.get("roots", ()))
         raw["skip_pids"] = tuple(raw.get("skip_pids", ()))
         return cls(**raw)
-
-
-def encode_frame(message: object) -> bytes:
-    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return FRAME_HEADER.pack(len(payload)) + payload
-
-
-class FrameReader:
-    """Splits a byte stream into the messages :func:`encode_frame` wrote."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-
-    def feed(self, data: bytes) -> list[object]:
-        self._buf += data
-        out: list[object] = []
-        while len(self._buf) >= FRAME_HEADER.size:
-            (size,) = FRAME_HEADER.unpack_from(self._buf)
-            if size > MAX_FRAME:
-                raise ValueError(f"corrupt sampler stream (frame of {size} bytes)")
-            end = FRAME_HEADER.size + size
-            if len(self._buf) < end:
-                break
-            out.append(pickle.loads(bytes(self._buf[FRAME_HEADER.size : end])))
-            del self._buf[:end]
-        return out
 
 
 def child_environment(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -186,6 +159,7 @@ class SamplerProcess(Published):
         self._hung_what: str | None = None  # what the helper said it hung in, before exiting
         self._grace_s = 0.0  # how long stop() lets a helper exit by itself
         self._first_sweep_logged = False
+        self.protected = False
 
     # -- public surface ---------------------------------------------------------------------
 
@@ -201,6 +175,12 @@ class SamplerProcess(Published):
     def wake(self) -> None:
         """Ask the helper for a sweep now instead of at the end of its interval."""
         self._send("sweep")
+
+    def protect(self, on: bool) -> None:
+        """While ``on`` (a detector suspects or confirmed a leak or stall), the helper slows no
+        read to keep its CPU budget; a restarted helper is told again."""
+        self.protected = on
+        self._send("protect 1" if on else "protect 0")
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the helper (asked, then killed at half the bound) and the supervisor."""
@@ -258,6 +238,9 @@ class SamplerProcess(Published):
         try:
             child.stdin.write(spec.to_json().encode() + b"\n")
             child.stdin.flush()
+            if self.protected:
+                child.stdin.write(b"protect 1\n")
+                child.stdin.flush()
         except OSError:
             pass  # it died at once; _pump sees the EOF
         with self._child_lock:
@@ -306,7 +289,7 @@ class SamplerProcess(Published):
                 for message in frames.feed(data):
                     last = self._clock()
                     self._handle(message)
-        except (OSError, ValueError, pickle.UnpicklingError) as exc:
+        except (OSError, ValueError) as exc:
             what = f"sent a broken stream ({exc})"
             self._end_child(child, 0.0)
         finally:

@@ -113,6 +113,10 @@ class NvmlSource:
         self.error_counts: dict[str, int] = {}
         self._count = 0  # GPU count at the last enumeration (hot-plug changes it)
         self._pinned: set[str] | None = None  # UUIDs visible_devices chose at the first look
+        # Sweeps between two reads of per-process GPU utilization (adaptive sampling,
+        # otel_gpu/sampling/budget.py); the sweeps between report the last values read.
+        self.process_util_every = 1
+        self._sweep_count = 0
 
     # -- public API --------------------------------------------------------------------------
 
@@ -483,6 +487,7 @@ class NvmlSource:
         try:
             self._follow_device_count()
             now = self._clock()
+            self._sweep_count += 1
             for dev in self._devices:
                 if dev.lost:
                     if now < dev.probe_at:
@@ -577,7 +582,10 @@ class NvmlSource:
                 known = used.get(pid)
                 used[pid] = mem if known is None else max(known, mem or 0)
         if used:
-            util = self._process_util(dev) if "process_util" not in off else {}
+            util: dict[int, tuple[float | None, float | None]] = {}
+            if "process_util" not in off:
+                due = self._sweep_count % max(1, self.process_util_every) == 0
+                util = self._process_util(dev) if due or not dev.util_last else dev.util_last
             total = out.get("memory_total")
             for pid, mem in used.items():
                 sm, mem_util = util.get(pid, (None, None))

@@ -139,6 +139,11 @@ class Sampler(Published):
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        # Sweeps between two /proc reads of the tree (adaptive sampling, budget.py): in the
+        # sweeps between, the last reading is carried, as the slow NVML metrics are.
+        self.process_every = 1
+        self._sweeps_done = 0
+        self._last_procs: ProcessReading | None = None
 
     def sample_once(self) -> Snapshot:
         """Sweep devices and processes once and publish the snapshot. Never raises."""
@@ -161,8 +166,13 @@ class Sampler(Published):
         host_to_local: dict[int, int] = {}
         if self.tree is not None:
             gpu_pids = sorted({p.pid for p in reading.gpu_processes})
+            self._sweeps_done += 1
             try:
-                procs = self.tree.sample(gpu_pids)
+                carried = self._last_procs
+                if carried is not None and self._sweeps_done % max(1, self.process_every):
+                    procs = carried
+                else:
+                    procs = self._last_procs = self.tree.sample(gpu_pids)
                 processes = procs.processes
                 dropped = procs.dropped
                 unmapped = procs.unmapped_gpu_pids

@@ -121,3 +121,6 @@ class Snapshot:
     sweep_seconds: float | None = None  # how long the sweep took
     # NVML errors by name (e.g. ("TIMEOUT", 3)) since the sampling process started.
     nvml_errors: tuple[tuple[str, int], ...] = ()
+    # Effective seconds between reads of each kind (otel_gpu/sampling/budget.py), e.g.
+    # (("gpu", 1.0), ("process_details", 4.0)); empty when the sampler does not adapt.
+    intervals: tuple[tuple[str, float], ...] = ()

@@ -11,6 +11,7 @@ start a helper that skips it.
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import logging
 import os
@@ -21,10 +22,18 @@ import time
 from typing import BinaryIO
 
 from otel_gpu.core.printable import PrintableFormatter
-from otel_gpu.sampling.isolated import EXIT_HUNG, SamplerSpec, encode_frame
+from otel_gpu.sampling.budget import (
+    PROCESS_DETAILS,
+    PROCESS_GPU_UTIL,
+    BudgetController,
+    HostCpu,
+    agent_cpu_seconds,
+)
+from otel_gpu.sampling.isolated import EXIT_HUNG, SamplerSpec
 from otel_gpu.sampling.procs import ProcessTree
 from otel_gpu.sampling.sampler import Sampler
 from otel_gpu.sampling.source import DeviceSource
+from otel_gpu.sampling.wire import FrameWriter as Frames
 
 log = logging.getLogger("otel_gpu.sampler.worker")
 
@@ -51,10 +60,11 @@ class FrameWriter:
     def __init__(self, stream: BinaryIO) -> None:
         self._stream = stream
         self._lock = threading.Lock()
+        self._frames = Frames()
 
-    def send(self, message: object) -> None:
-        data = encode_frame(message)
-        with self._lock:
+    def send(self, message: tuple[object, ...]) -> None:
+        with self._lock:  # encoded under the lock: the frames share the stream's tables
+            data = self._frames.frame(message)
             try:
                 self._stream.write(data)
                 self._stream.flush()
@@ -117,11 +127,15 @@ def main() -> int:
     sampler = Sampler(source, tree, interval_s=spec.interval_s)
     sampler.add_listener(lambda snap: writer.send(("snapshot", snap)))
     stop = threading.Event()
+    budget = BudgetController(spec.cpu_budget, window_s=spec.budget_window_s)
+    host = HostCpu(spec.proc_root)
 
     def control() -> None:
         for line in sys.stdin:
             if line.strip() == "stop":
                 break
+            if line.startswith("protect "):  # a detector judges a leak or stall: slow nothing
+                budget.protected = line.split()[1] == "1"
             if line.strip() == "sweep":  # the agent wants a sweep now (the job just ended)
                 sampler.wake()
         stop.set()  # end of stdin: the agent is gone or asked us to stop
@@ -135,6 +149,12 @@ def main() -> int:
             snap = sampler.sweep()
             # Only the sweep is watched: a write to a busy agent may wait, it is no hang.
             monitor.busy_since = None
+            if spec.cpu_budget > 0:
+                budget.observe(lambda: agent_cpu_seconds(spec.parent_pid), host.busy)
+                sampler.process_every = budget.every(PROCESS_DETAILS)
+                if hasattr(source, "process_util_every"):
+                    source.process_util_every = budget.every(PROCESS_GPU_UTIL)
+                snap = dataclasses.replace(snap, intervals=budget.intervals(spec.interval_s))
             sampler.publish(snap)
             if spec.parent_pid and os.getppid() != spec.parent_pid:
                 break  # re-parented: the agent died without closing our stdin

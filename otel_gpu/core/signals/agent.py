@@ -51,6 +51,13 @@ AGENT_EXPORT_DROPPED_POINTS = Signal(
     "{point}",
     "Data points in failed metric exports (lost)",
 )
+AGENT_SAMPLING_INTERVAL = Signal(
+    "otel_gpu.agent.sampling.interval",
+    GAUGE,
+    "s",
+    "Effective interval of each kind of read (otel_gpu.read: gpu, process_details, "
+    "process_gpu_util): longer than the sampling interval while OTEL_GPU_CPU_BUDGET backs off",
+)
 AGENT_EXPORT_REJECTED_POINTS = Signal(
     "otel_gpu.agent.export.rejected_points",
     COUNTER,

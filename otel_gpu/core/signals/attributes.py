@@ -16,6 +16,7 @@ HW_STATE = "hw.state"
 GPU_INDEX = "gpu.index"
 GPU_TASK = "hw.gpu.task"  # general, encoder, decoder
 XID_CLASS = "otel_gpu.xid.class"  # application, reset, severe (otel_gpu/core/xid.py)
+AGENT_READ = "otel_gpu.read"  # a kind of read of the sampler (adaptive sampling)
 ERROR_TYPE = "error.type"  # corrected, uncorrected, xid; an NVML error name on self-metrics
 CLOCK_DOMAIN = "otel_gpu.clock.domain"
 IO_DIRECTION = "network.io.direction"

@@ -60,6 +60,8 @@ class Frame:
     no_gpu_reason: str | None = None
     detecting: bool = True  # False with --no-detect: no breaker, no floor trend
     training: str | None = None  # the trainers' ``phase train  step 1234`` (agent/trainers.py)
+    # Reads adaptive sampling slowed (OTEL_GPU_CPU_BUDGET): (kind, seconds between reads).
+    slowed: tuple[tuple[str, float], ...] = ()
 
 
 def _meant(observed_s: float, engine: Any, leaking: bool) -> bool:
@@ -149,4 +151,11 @@ def build_frame(
         no_gpu_reason=None if snap.no_gpu_reason is None else printable(snap.no_gpu_reason),
         detecting=sweep.breaker is not None,
         training=None if training is None else printable(training),
+        slowed=slowed_reads(snap.intervals),
     )
+
+
+def slowed_reads(intervals: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...]:
+    """The kinds of read whose interval is longer than the GPU reads' (backed off)."""
+    base = dict(intervals).get("gpu")
+    return tuple((r, s) for r, s in intervals if base is not None and r != "gpu" and s > base)

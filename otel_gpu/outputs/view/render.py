@@ -61,7 +61,15 @@ def header(frame: Frame, title: str) -> Text:
         text.append(f"  {frame.training}")
     elif frame.phase:
         text.append(f"  phase {printable(frame.phase)}")
+    if frame.slowed:
+        text.append(f"  {slowed_text(frame)}", style="yellow")
     return text
+
+
+def slowed_text(frame: Frame) -> str:
+    """What adaptive sampling slowed, e.g. ``CPU budget: process details every 4 s``."""
+    reads = ", ".join(f"{r.replace('_', ' ')} every {s:g} s" for r, s in frame.slowed)
+    return f"CPU budget: {reads}"
 
 
 def breaker_line(frame: Frame) -> Text:
@@ -169,6 +177,8 @@ def plain_line(frame: Frame, title: str) -> str:
             else (f" phase {printable(frame.phase)}" if frame.phase else "")
         )
     ]
+    if frame.slowed:
+        parts.append(slowed_text(frame))
     if frame.no_gpu_reason:
         parts.append(f"no GPU data: {frame.no_gpu_reason}")
     for g in frame.gpus:
