@@ -106,8 +106,8 @@ def test_the_job_dashboard_picks_a_run_by_its_job_key() -> None:
     board = json.loads((ROOT / "deploy/grafana/dashboards/otel-gpu-job.json").read_text())
     variables = {v["name"]: v for v in board["templating"]["list"]}
     assert "job" not in variables
-    assert variables["run"]["query"]["query"] == "label_values(target_info, service_instance_id)"
-    assert 'service_instance_id=~"$run"' in variables["instance"]["query"]["query"]
+    assert variables["run"]["query"]["query"] == "label_values(target_info, otel_gpu_job_id)"
+    assert 'otel_gpu_job_id=~"$run"' in variables["instance"]["query"]["query"]
     for panel in board["panels"]:
         for target in panel["targets"]:
             assert "$job" not in target["expr"] and 'instance=~"$instance"' in target["expr"]

@@ -236,6 +236,8 @@ class Watchdog:
             for found in self.engine.observe(subject, point):
                 alert = self._annotated(found, snap)
                 caused = self.breaker.record_alert(alert)
+                if alert.kind == LEAK:  # its rate is exported now, diagnosed or not (data)
+                    self._leaking.add(alert.subject)
                 if self.diagnosis is not None and self.diagnosis.takes(alert):
                     self.diagnosis.submit(alert, caused)
                     continue
