@@ -131,16 +131,25 @@ def test_the_stacks_op_answers_every_thread_but_the_asking_one():
 
 JOB = textwrap.dedent(
     """
-    import sys, time
+    import sys, threading, time
     import otel_gpu  # noqa: F401  (the in-process part, under opentelemetry-instrument)
 
     def fetch_remote_shard():
-        print("ready", flush=True)
         sys.stdin.readline()
 
+    def announce():
+        # "ready" only once the main thread sits in fetch_remote_shard's read, so that no
+        # way can catch it a line early, between printing and reading
+        main = threading.main_thread().ident
+        while sys._current_frames()[main].f_code.co_name != "fetch_remote_shard":
+            time.sleep(0.005)
+        print("ready", flush=True)
+
+    threading.Thread(target=announce).start()
     fetch_remote_shard()
     """
 )
+BLOCKED_AT = f"<string>:{JOB.splitlines().index('    sys.stdin.readline()') + 1}"
 
 
 @pytest.fixture
@@ -191,7 +200,7 @@ def test_each_way_finds_the_function_a_process_is_blocked_in(private_dir: Path, 
         got = stacks.collect_one(jp, pyspy=pyspy, only=(way,))
         assert got.method == way, got.error
         [g] = stacks.group([got])
-        assert (g.function, g.where) == ("fetch_remote_shard", "<string>:7")
+        assert (g.function, g.where) == ("fetch_remote_shard", BLOCKED_AT)
         assert got.took_s < 5
     finally:
         _finish(proc)  # the process was never harmed: it finishes with its own code

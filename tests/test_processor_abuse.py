@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from support.otlp_receiver import call
-from support.processor import processor_cli
+from support.processor import in_process_config, processor_cli
 from support.strict_downstream import StrictDownstream
 from support.synth import agent_request
 
@@ -64,7 +64,7 @@ def test_memory_limiter_refuses_above_the_soft_limit(readings, limited):
 
 def start(**kw) -> Processor:  # type: ignore[no-untyped-def]
     memory = kw.pop("memory", None)
-    p = Processor(ProcessorConfig(listen="127.0.0.1:0", **kw), memory=memory)
+    p = Processor(in_process_config(**kw), memory=memory)
     p.start()
     return p
 

@@ -27,7 +27,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from support.otlp_sink import attrs
-from support.processor import ProcessorProcess, leak_requests
+from support.processor import ProcessorProcess, in_process_config, leak_requests
 from support.synth import GIB, gpu_uuid
 from support.webhook import Webhook
 
@@ -40,7 +40,6 @@ from otel_gpu.detect.breaker import Breaker, BreakerConfig
 from otel_gpu.detect.engine import Engine
 from otel_gpu.detect.settings import DetectConfig
 from otel_gpu.processor.pipeline import Detection
-from otel_gpu.processor.settings import ProcessorConfig
 from otel_gpu.processor.store import StateStore
 from otel_gpu.processor.wire import METRICS_EXPORT
 from otel_gpu.sampling.snapshot import GpuProcessSample, GpuSample, Snapshot
@@ -69,7 +68,7 @@ def test_agent_and_processor_give_a_subject_the_same_identity(tmp_path: Path) ->
     them from the same reporter's data: the same identity attributes, point and resource."""
     sent: list[bytes] = []
     det = Detection(
-        ProcessorConfig(listen="127.0.0.1:0"),
+        in_process_config(),
         Engine(),
         Breaker(BreakerConfig(cooldown_s=1e6)),
         StateStore(str(tmp_path / "state.db")),

@@ -15,9 +15,10 @@ import grpc
 import pytest
 from support.half_open import HalfOpenCalls
 from support.otlp_receiver import call
+from support.processor import in_process_config
 from support.synth import agent_request
 
-from otel_gpu.processor import Processor, ProcessorConfig
+from otel_gpu.processor import Processor
 from otel_gpu.processor.calls import CallGuard, peer_address
 from otel_gpu.processor.wire import METRICS_EXPORT
 
@@ -44,9 +45,7 @@ def eventually(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-unt
 def test_128_half_open_calls_leave_other_clients_served_and_are_counted(
     token: str | None,
 ) -> None:
-    cfg = ProcessorConfig(
-        listen="127.0.0.1:0", health="127.0.0.1:0", receive_timeout_s=2.0, token=token
-    )
+    cfg = in_process_config(health="127.0.0.1:0", receive_timeout_s=2.0, token=token)
     proc = Processor(cfg)
     proc.start()
     port = int(proc.address.rsplit(":", 1)[1])

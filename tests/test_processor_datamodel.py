@@ -15,11 +15,12 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
+from support.processor import in_process_config
 from support.strict_downstream import StrictDownstream
 from support.synth import agent_request, default_value
 
 from otel_gpu.detect.model import Point
-from otel_gpu.processor import Downstream, Processor, ProcessorConfig
+from otel_gpu.processor import Downstream, Processor
 from otel_gpu.processor.assemble import Assembler, Subject
 from otel_gpu.processor.decode import MetricsDecoder, strip_rejected
 from otel_gpu.processor.wire import METRICS_EXPORT
@@ -170,7 +171,7 @@ def add_histogram(req: ExportMetricsServiceRequest, name: str, bounds, counts, c
 @pytest.fixture
 def processor() -> Iterator[tuple[Processor, StrictDownstream]]:
     down = StrictDownstream()
-    p = Processor(ProcessorConfig(listen="127.0.0.1:0", forward=(Downstream(down.address),)))
+    p = Processor(in_process_config(forward=(Downstream(down.address),)))
     try:
         yield p, down
     finally:

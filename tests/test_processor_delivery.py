@@ -20,12 +20,12 @@ from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from support.otlp_receiver import call
 from support.ports import free_port
-from support.processor import ProcessorProcess
+from support.processor import ProcessorProcess, in_process_config
 from support.strict_downstream import REJECT_KEY, StrictDownstream
 from support.synth import agent_request
 
 from otel_gpu.core.errors import UsageError
-from otel_gpu.processor import Downstream, Processor, ProcessorConfig
+from otel_gpu.processor import Downstream, Processor
 from otel_gpu.processor.forward import backoff
 from otel_gpu.processor.queue import DiskQueue
 from otel_gpu.processor.wire import METRICS_EXPORT
@@ -83,8 +83,7 @@ def strict() -> Iterator[StrictDownstream]:
 
 def start(down: StrictDownstream | None, **overrides) -> Processor:  # type: ignore[no-untyped-def]
     forward = (Downstream(down.address),) if down else ()
-    cfg = ProcessorConfig(
-        listen="127.0.0.1:0",
+    cfg = in_process_config(
         forward=overrides.pop("forward", forward),
         forward_retry_s=overrides.pop("forward_retry_s", 5.0),
         **overrides,
@@ -323,7 +322,7 @@ def test_a_queue_dir_in_use_by_another_processor_is_a_usage_error(tmp_path):
     first = start(None, **cfg)
     try:
         with pytest.raises(UsageError, match="another processor is using it"):
-            Processor(ProcessorConfig(listen="127.0.0.1:0", **cfg))  # type: ignore[arg-type]
+            Processor(in_process_config(**cfg))
     finally:
         first.stop(1)
-    Processor(ProcessorConfig(listen="127.0.0.1:0", **cfg)).stop(1)  # type: ignore[arg-type]
+    Processor(in_process_config(**cfg)).stop(1)  # type: ignore[arg-type]

@@ -17,10 +17,11 @@ import grpc
 import pytest
 from support.otlp_receiver import call
 from support.ports import free_port
+from support.processor import in_process_config
 from support.strict_downstream import StrictDownstream
 from support.synth import agent_request
 
-from otel_gpu.processor import Downstream, Processor, ProcessorConfig
+from otel_gpu.processor import Downstream, Processor
 from otel_gpu.processor.queue import MemoryQueue
 from otel_gpu.processor.wire import METRICS_EXPORT
 
@@ -52,8 +53,7 @@ def eventually(predicate, timeout: float = 20.0) -> bool:  # type: ignore[no-unt
 @pytest.mark.peers  # an outage of seconds and the downstream's reconnect: > 5 s
 def test_a_stream_of_exports_during_an_outage_is_all_delivered_without_a_retry_storm() -> None:
     port = free_port()  # the downstream: down until the stream has run for a while
-    cfg = ProcessorConfig(
-        listen="127.0.0.1:0",
+    cfg = in_process_config(
         forward=(Downstream(f"127.0.0.1:{port}"),),
         forward_retry_s=120.0,
         queue_requests=100_000,
@@ -113,9 +113,7 @@ def test_a_sender_that_crashes_is_restarted_and_healthz_is_degraded_meanwhile(
 ) -> None:
     down = StrictDownstream()
     queue = BrokenQueue()
-    cfg = ProcessorConfig(
-        listen="127.0.0.1:0", forward=(Downstream(down.address),), health="127.0.0.1:0"
-    )
+    cfg = in_process_config(forward=(Downstream(down.address),), health="127.0.0.1:0")
     proc = Processor(cfg, queues=lambda _target: queue)
     proc.start()
     try:

@@ -29,11 +29,11 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from support.otlp_receiver import Receiver, call, receiver
-from support.processor import leak_requests
+from support.processor import in_process_config, leak_requests
 from support.synth import agent_request
 
 from otel_gpu.detect.breaker import BreakerConfig
-from otel_gpu.processor import Downstream, Processor, ProcessorConfig
+from otel_gpu.processor import Downstream, Processor
 from otel_gpu.processor.wire import LOGS_EXPORT, METRICS_EXPORT, TRACE_EXPORT
 
 pytestmark = pytest.mark.process
@@ -42,8 +42,7 @@ HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 
 
 def start(downstream: Receiver | None = None, **overrides) -> Processor:
-    cfg = ProcessorConfig(
-        listen="127.0.0.1:0",
+    cfg = in_process_config(
         forward=(Downstream(downstream.address),) if downstream else (),
         export_interval_s=overrides.pop("export_interval_s", 0.2),
         assemble_grace_s=overrides.pop("assemble_grace_s", 0.1),

@@ -11,7 +11,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from support.processor import leak_requests
+from support.processor import in_process_config, leak_requests
 from support.synth import GIB, agent_request, default_value, gpu_uuid
 
 from otel_gpu.core.addresses import parse_hostport
@@ -179,7 +179,7 @@ def test_huge_attribute_sets_and_unknown_types_are_survived():
 def test_leak_fed_through_detection_opens_the_breaker_and_persists(tmp_path):
     db = str(tmp_path / "state.db")
     sent: list[tuple[str, bytes]] = []
-    cfg = ProcessorConfig(listen="127.0.0.1:0", state_path=db)
+    cfg = in_process_config(state_path=db)
     bcfg = BreakerConfig(cooldown_s=1e6)
     store = StateStore(db)
     det = Detection(cfg, Engine(), Breaker(bcfg), store, None, lambda m, b: sent.append((m, b)))
@@ -265,7 +265,7 @@ def test_a_restart_does_not_resolve_a_leak_that_is_still_going(tmp_path):
     breaker held open by a leak stays open after a restart while the leak goes on (it is not
     probed and closed as if the leak had stopped)."""
     db = str(tmp_path / "state.db")
-    cfg = ProcessorConfig(listen="127.0.0.1:0", state_path=db)
+    cfg = in_process_config(state_path=db)
     bcfg = BreakerConfig(cooldown_s=600, probation_s=300)
     t0 = time.time() - 6 * 3600
     store = StateStore(db)

@@ -25,7 +25,7 @@ from support.otlp_receiver import call
 from support.paths import ROOT
 from support.ports import free_port
 from support.processor import leak_requests
-from support.prometheus_peer import Prometheus, processor_scrape_config
+from support.prometheus_peer import Prometheus, fill_grafana_macros, processor_scrape_config
 
 from otel_gpu.core.errors import UsageError
 from otel_gpu.processor import outputs
@@ -142,7 +142,7 @@ def _detector_panels() -> list[tuple[str, str]]:
     out = []
     for panel in board["panels"]:
         for target in panel["targets"]:
-            expr = target["expr"]
+            expr = fill_grafana_macros(target["expr"])
             if re.search(r"otel_gpu_(leak|breaker|alerts|memory_time)", expr):
                 for name, value in every.items():
                     expr = expr.replace(name, value)

@@ -23,14 +23,14 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from support.half_open import RawCall
 from support.otlp_receiver import call
-from support.processor import leak_requests
+from support.processor import in_process_config, leak_requests
 from support.synth import agent_request, gpu_uuid
 
 from otel_gpu.core import signals as sig
 from otel_gpu.detect.breaker import Breaker, BreakerConfig
 from otel_gpu.detect.engine import Engine
 from otel_gpu.detect.subject import SUBJECT_KIND
-from otel_gpu.processor import Processor, ProcessorConfig
+from otel_gpu.processor import Processor
 from otel_gpu.processor.pipeline import Detection
 from otel_gpu.processor.store import StateStore
 from otel_gpu.processor.wire import METRICS_EXPORT
@@ -41,7 +41,7 @@ T0 = time.time() - 6 * 3600
 
 def detection(tmp_path: Path, **caps: int) -> Detection:
     return Detection(
-        ProcessorConfig(listen="127.0.0.1:0", **caps),
+        in_process_config(**caps),
         Engine(),
         Breaker(BreakerConfig(cooldown_s=1e6)),
         StateStore(str(tmp_path / "state.db")),
@@ -112,9 +112,7 @@ def test_a_full_global_cap_is_logged_once_degrades_health_and_answers_partial_su
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     proc = Processor(
-        ProcessorConfig(
-            listen="127.0.0.1:0", max_series=30, max_series_per_reporter=20, max_series_per_peer=30
-        )
+        in_process_config(max_series=30, max_series_per_reporter=20, max_series_per_peer=30)
     )
     try:
         assert proc.health()[0]
@@ -170,8 +168,7 @@ def test_over_real_connections_the_quota_follows_the_clients_address() -> None:
     the real node's from 127.0.0.1 (a gRPC client); the processor tells them apart by the
     address of each connection."""
     proc = Processor(
-        ProcessorConfig(
-            listen="127.0.0.1:0",
+        in_process_config(
             max_series=200,
             max_series_per_reporter=20,
             max_series_per_peer=100,
@@ -199,7 +196,7 @@ def test_over_real_connections_the_quota_follows_the_clients_address() -> None:
 
 @pytest.mark.process
 def test_over_real_connections_another_clients_breaker_points_do_not_silence_a_leak() -> None:
-    proc = Processor(ProcessorConfig(listen="127.0.0.1:0"))
+    proc = Processor(in_process_config())
     proc.start()
     attacker = RawCall(int(proc.address.rsplit(":", 1)[1]))
     try:

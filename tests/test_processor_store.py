@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from support.processor import leak_requests
+from support.processor import in_process_config, leak_requests
 
 from otel_gpu.core.errors import UsageError
 from otel_gpu.detect.breaker import OPEN, Breaker, BreakerConfig, Transition
@@ -47,7 +47,7 @@ def test_a_damaged_state_file_is_moved_aside_and_the_processor_starts(tmp_path, 
     data[100:4096] = b"\xa5" * (4096 - 100)  # a corrupted first page (header and schema)
     db.write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING):
-        proc = Processor(ProcessorConfig(listen="127.0.0.1:0", state_path=str(db)))
+        proc = Processor(in_process_config(state_path=str(db)))
     try:
         assert any("moved it to" in r.getMessage() for r in caplog.records)
         assert list(tmp_path.glob("state.db.corrupt-*"))
@@ -96,7 +96,7 @@ def test_a_locked_state_file_degrades_health_never_blocks_and_is_written_later(t
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         rec = Recorder()
-        proc = Processor(ProcessorConfig(listen="127.0.0.1:0", state_path=db), actions=rec)
+        proc = Processor(in_process_config(state_path=db), actions=rec)
         bcfg = BreakerConfig(cooldown_s=1e6)
         proc.detection.breaker = Breaker(bcfg)
         _leak(proc.detection)

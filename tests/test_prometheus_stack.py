@@ -22,7 +22,7 @@ import pytest
 from support.otlp_sink import OtlpSink
 from support.paths import ROOT
 from support.ports import free_port
-from support.prometheus_peer import Prometheus
+from support.prometheus_peer import Prometheus, fill_grafana_macros
 from support.tiny_training import TRAINING_LOOP
 
 pytestmark = pytest.mark.peers
@@ -190,7 +190,6 @@ EMPTY_HERE = {
     ("otel-gpu-node", "Throttle reasons active"): "the simulated GPU never throttles",
     ("otel-gpu-node", "PCIe throughput"): "the simulated GPU reports no PCIe throughput",
 }
-GRAFANA_MACROS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "5m"}
 
 
 def _targets() -> list[tuple[str, str, str, list[dict]]]:
@@ -205,8 +204,7 @@ def _targets() -> list[tuple[str, str, str, list[dict]]]:
 
 
 def _fill(expr: str, values: dict[str, str]) -> str:
-    for macro, value in GRAFANA_MACROS.items():
-        expr = expr.replace(macro, value)
+    expr = fill_grafana_macros(expr)
     for name in sorted(values, key=len, reverse=True):
         expr = expr.replace(f"${name}", values[name])
     assert "$" not in expr, f"unfilled variable in {expr}"

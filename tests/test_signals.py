@@ -30,6 +30,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics._internal.point import Gauge, Sum
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricsData
+from support.processor import in_process_config
 from support.snapshots import leak_snapshots
 
 from otel_gpu.actions.span_event import alert_attributes
@@ -48,7 +49,7 @@ from otel_gpu.inference.scrape import ServerScraper
 from otel_gpu.k8s.attribution import NodeAttribution
 from otel_gpu.k8s.node_map import map_node
 from otel_gpu.k8s.podresources import Allocation
-from otel_gpu.processor import Downstream, Processor, ProcessorConfig, outputs
+from otel_gpu.processor import Downstream, Processor, outputs
 from otel_gpu.processor.assemble import Assembler, Subject
 from otel_gpu.processor.decode import ROUTES, MetricsDecoder
 from otel_gpu.processor.telemetry import self_metrics_request
@@ -226,7 +227,7 @@ def _k8s_instruments(snap: Snapshot) -> MetricsData | None:
 
 def _processor_telemetry() -> Exported:
     """The processor's own metrics, as its OTLP encoding sends them downstream."""
-    proc = Processor(ProcessorConfig(listen="127.0.0.1:0", forward=(Downstream("127.0.0.1:9"),)))
+    proc = Processor(in_process_config(forward=(Downstream("127.0.0.1:9"),)))
     try:
         req = ExportMetricsServiceRequest.FromString(self_metrics_request(proc.stats(), 0))
     finally:

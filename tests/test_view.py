@@ -37,13 +37,10 @@ def run_in_terminal(args: list[str], columns: int, rows: int = 30, **env: str) -
     """Run ``args`` with stdin/stdout/stderr on a new pseudo-terminal of that size; all bytes."""
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
-    proc = subprocess.Popen(
-        args,
-        stdin=follower,
-        stdout=follower,
-        stderr=follower,
-        env=clean_env(TERM="xterm-256color", **env),
-    )
+    environ = clean_env(TERM="xterm-256color", **env)
+    for name in ("COLUMNS", "LINES"):  # a CI runner's own size would override the terminal's
+        environ.pop(name, None)
+    proc = subprocess.Popen(args, stdin=follower, stdout=follower, stderr=follower, env=environ)
     os.close(follower)
     out = bytearray()
     deadline = time.monotonic() + 60

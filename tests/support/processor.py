@@ -11,8 +11,16 @@ import threading
 import time
 from collections.abc import Iterator
 
+from otel_gpu.processor.settings import ProcessorConfig
 from support.paths import ROOT
 from support.synth import GIB, agent_request, default_value
+
+
+def in_process_config(**settings: object) -> ProcessorConfig:
+    """The settings of a processor run inside the test runner: listening on a free loopback
+    port, its memory limit off. That limit reads the resident memory of the whole runner (torch
+    and what earlier tests left included), not the processor's own; its tests inject a reading."""
+    return ProcessorConfig(**{"listen": "127.0.0.1:0", "memory_limit_mib": 0, **settings})  # type: ignore[arg-type]
 
 
 def processor_cli(*args: str, **variables: str) -> subprocess.CompletedProcess[str]:

@@ -32,6 +32,16 @@ def binary(name: str, package: str) -> str:
 
 RULES = ROOT / "deploy" / "prometheus" / "otel-gpu-rules.yml"
 
+# Grafana's built-in interval variables, as a 5-minute dashboard range would fill them
+GRAFANA_MACROS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "5m"}
+
+
+def fill_grafana_macros(expr: str) -> str:
+    """A dashboard panel's PromQL with Grafana's built-in interval variables filled in."""
+    for macro, value in GRAFANA_MACROS.items():
+        expr = expr.replace(macro, value)
+    return expr
+
 
 def processor_scrape_config(target: str) -> str:
     """A Prometheus config that loads the project's alert rules and scrapes one processor
