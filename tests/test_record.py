@@ -174,7 +174,7 @@ def test_every_text_round_trips_and_none_is_a_formula(tmp_path: Path) -> None:
 @pytest.mark.unit
 def test_a_diagnosed_alert_is_recorded_redacted_and_the_report_lists_it(tmp_path: Path) -> None:
     from otel_gpu.detect.model import Alert, Diagnosis
-    from otel_gpu.outputs.record import open_recording, read_context
+    from otel_gpu.outputs.record import open_recording, read_comments
     from otel_gpu.outputs.report.page import alerts_table
     from otel_gpu.outputs.report.replay import Run
 
@@ -195,8 +195,29 @@ def test_a_diagnosed_alert_is_recorded_redacted_and_the_report_lists_it(tmp_path
     recorder.close()
     text = path.read_text()
     assert text.count("# otel-gpu diagnosis ") == 1 and "ghp_abcdefghij" not in text
-    [d] = read_context(str(path))["diagnoses"]
-    assert d["lines"] == list(found.lines) and d["took_s"] == 0.1
-    run = Run("run.csv", {}, [stall], [], {}, 100.0, 200.0, context=read_context(str(path)))
+    context, diagnoses = read_comments(str(path))
+    assert context == {}  # no context line was written: the diagnoses are kept apart
+    [e] = diagnoses
+    assert (e["kind"], e["subject"], e["time"]) == ("stall", "gpu:GPU-1", 120.0)
+    assert e["diagnosis"]["lines"] == list(found.lines) and e["diagnosis"]["took_s"] == 0.1
+    run = Run("run.csv", {}, [stall], [], {}, 100.0, 200.0, diagnoses=diagnoses)
     table = alerts_table(run)
     assert "stall diagnosis" in table and "fetch_remote_shard at data.py:88" in table
+
+
+@pytest.mark.unit
+def test_a_recording_keeps_a_bounded_number_of_diagnoses(tmp_path: Path) -> None:
+    from otel_gpu.detect.model import Alert, Diagnosis
+    from otel_gpu.outputs.record import MAX_DIAGNOSES, open_recording, read_comments
+
+    path = tmp_path / "run.csv"
+    recorder = Recorder(open_recording(str(path)))
+    found = Diagnosis("memory", ("model._cache: +600 tensors",), took_s=0.2)
+    for i in range(MAX_DIAGNOSES + 50):
+        recorder.on_alert(Alert("leak", f"rss:{i}", float(i), "warning", "leak", diagnosis=found))
+    recorder.close()
+    assert path.read_text().count("# otel-gpu diagnosis ") == MAX_DIAGNOSES
+    with path.open("a") as f:  # a damaged line and one without its diagnosis are passed over
+        f.write('# otel-gpu diagnosis {not json\n# otel-gpu diagnosis {"time": 1}\n')
+    _, diagnoses = read_comments(str(path))
+    assert len(diagnoses) == MAX_DIAGNOSES and diagnoses[0]["subject"] == "rss:0"

@@ -1,18 +1,18 @@
-"""A leak alert's memory diagnosis is kept beside the recording (FILE.diagnoses.jsonl) and
-`otel-gpu report FILE` shows it as "Where the memory went" (issue 20 §4)."""
+"""A leak alert's memory diagnosis is kept in the recording (a ``# otel-gpu diagnosis`` line)
+and `otel-gpu report FILE` shows it as "Where the memory went" (issue 20 §4)."""
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import pytest
 
 from otel_gpu.agent.memory_diagnosis import diagnosis_from
 from otel_gpu.cli import main
-from otel_gpu.detect.model import LEAK, Alert
-from otel_gpu.outputs.diagnoses import DiagnosisLog, read, sidecar
-from otel_gpu.outputs.record import COLUMNS
+from otel_gpu.detect.model import LEAK, Alert, Point
+from otel_gpu.outputs.record import Recorder, open_recording, read_comments
+from otel_gpu.outputs.sweeps import Sweep
+from otel_gpu.sampling.snapshot import Snapshot
 
 pytestmark = pytest.mark.unit
 
@@ -25,26 +25,25 @@ HOLDER = {
 STILL = {**HOLDER, "path": "train.replay", "growth_count": 0, "growth_bytes": 0, "growing": False}
 
 
-def test_the_diagnosis_is_kept_beside_the_recording_and_reported(tmp_path: Path) -> None:
+def test_the_diagnosis_is_kept_in_the_recording_and_reported(tmp_path: Path) -> None:
     recording = tmp_path / "run.csv"
-    with recording.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(COLUMNS)
-        for i in range(30):
-            row = {"subject": "rss:42", "label": "python train.py", "time_s": 60.0 * i}
-            row["used_bytes"] = 1e9 + 1e6 * i
-            w.writerow([row.get(c, "") for c in COLUMNS])
+    recorder = Recorder(open_recording(str(recording)))
+    for i in range(30):
+        point = Point(60.0 * i, used_bytes=1e9 + 1e6 * i)
+        recorder.on_sweep(Sweep(Snapshot(time=60.0 * i), [("rss:42", point)], None, None))
     reply = {
         "over_s": 65.0,
         "holders": [HOLDER, STILL],
         "lines": ["train.model.encoder._cache: +600 tensors"],
     }
     found = diagnosis_from(42, reply, 1.5)
-    log = DiagnosisLog(sidecar(str(recording)))
-    log.on_alert(Alert(LEAK, "rss:42", 1500.0, "warning", "memory leak suspected", diagnosis=found))
-    log.on_alert(Alert(LEAK, "rss:43", 1500.0, "warning", "no diagnosis here"))  # not kept
-    log.close()
-    [kept] = read(str(recording))
+    recorder.on_alert(
+        Alert(LEAK, "rss:42", 1500.0, "warning", "memory leak suspected", diagnosis=found)
+    )
+    recorder.on_alert(Alert(LEAK, "rss:43", 1500.0, "warning", "no diagnosis here"))  # not kept
+    recorder.close()
+    assert not list(tmp_path.glob("run.csv.*"))  # one file: the recording
+    [kept] = read_comments(str(recording))[1]
     assert kept["subject"] == "rss:42" and kept["diagnosis"]["data"]["growing"] == [HOLDER["path"]]
     out = tmp_path / "report.html"
     assert main(["report", str(recording), "-o", str(out)]) == 0
@@ -56,6 +55,13 @@ def test_the_diagnosis_is_kept_beside_the_recording_and_reported(tmp_path: Path)
 
 
 def test_a_recording_without_diagnoses_has_no_such_table(tmp_path: Path) -> None:
-    assert read(str(tmp_path / "none.csv")) == []
-    DiagnosisLog(str(tmp_path / "x.diagnoses.jsonl")).close()
-    assert not (tmp_path / "x.diagnoses.jsonl").exists()
+    recording = tmp_path / "run.csv"
+    recorder = Recorder(open_recording(str(recording)))
+    for i in range(30):
+        point = Point(60.0 * i, used_bytes=1e9)
+        recorder.on_sweep(Sweep(Snapshot(time=60.0 * i), [("rss:42", point)], None, None))
+    recorder.close()
+    assert read_comments(str(recording))[1] == []
+    out = tmp_path / "report.html"
+    assert main(["report", str(recording), "-o", str(out)]) == 0
+    assert "Where the memory went" not in out.read_text()

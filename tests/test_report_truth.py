@@ -22,7 +22,7 @@ from otel_gpu.agent.watchdog import Watchdog
 from otel_gpu.detect.breaker import CLOSED, OPEN, Breaker, BreakerConfig, Transition
 from otel_gpu.detect.engine import DetectConfig, Engine
 from otel_gpu.detect.trace import read_rows
-from otel_gpu.outputs.record import Recorder, open_recording, read_context
+from otel_gpu.outputs.record import Recorder, open_recording, read_comments
 from otel_gpu.outputs.report.replay import replay_recording
 from otel_gpu.outputs.sweeps import on_sweeps
 from otel_gpu.sampling.sim import GIB, SimulatedSource
@@ -111,7 +111,7 @@ def test_the_report_says_which_command_revision_host_and_gpu_and_how_it_ended(tm
         cwd=repo, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert res.returncode == 7, res.stderr
-    context = read_context(str(recording))
+    context, _ = read_comments(str(recording))
     assert context["revision"] == revision and context["dirty"] is True
     assert context["exit_code"] == 7 and context["simulated"] == "leak"
     assert "hf_SECRETSECRET" not in recording.read_text()

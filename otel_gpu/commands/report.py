@@ -50,15 +50,14 @@ def run(args: argparse.Namespace) -> int:
 
     detect = load_config(args.config)
     breaker = BreakerConfig.from_env()
-    from otel_gpu.outputs.diagnoses import read as read_diagnoses
-    from otel_gpu.outputs.record import read_context
+    from otel_gpu.outputs.record import read_comments
 
-    runs = [
-        replay_recording(name, read_rows(name), detect, breaker, read_context(name))
-        for name in args.files
-    ]
-    for run, name in zip(runs, args.files, strict=True):
-        run.diagnoses = read_diagnoses(name)
+    runs = []
+    for name in args.files:
+        context, diagnoses = read_comments(name)
+        run = replay_recording(name, read_rows(name), detect, breaker, context)
+        run.diagnoses = diagnoses
+        runs.append(run)
     try:
         with open_private(args.output, "w", encoding="utf-8") as fh:  # created 0600
             fh.write(page(runs))

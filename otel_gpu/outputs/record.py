@@ -14,8 +14,11 @@ as a formula (``=``, ``+``, ``-``, ``@`` first) is written behind a ``'``; ``ana
 Two comment lines carry the run's context for ``otel-gpu report``: after the header
 ``# otel-gpu context {JSON}`` (host, service, git revision and dirty flag, start date, simulated)
 and at the end ``# otel-gpu end {JSON}`` (command, redacted; exit code; end date; wall duration).
-Each diagnosed alert adds ``# otel-gpu diagnosis {JSON}`` (time, kind, subject, message, the
-diagnosis's lines, time taken or error; redacted), which the report lists beside the alerts.
+Each diagnosed alert adds ``# otel-gpu diagnosis {JSON}`` as it happens (``time``, ``kind``,
+``subject``, ``message`` of the alert and its ``diagnosis`` as ``--summary-json``'s
+``alerts[].diagnosis``: kind, lines, data, time taken or error; redacted; at most
+:data:`MAX_DIAGNOSES` a recording): a diagnosis reads live processes and cannot be replayed, so
+the report takes it from here, beside the alerts and in "Where the memory went".
 ``analyze`` and ``report`` skip every line that starts with ``#`` (pandas: ``comment="#"``).
 
 The sampler thread only queues each sweep's rows (bounded: when the disk stalls, whole sweeps
@@ -38,6 +41,7 @@ from otel_gpu.core.private_files import open_private
 from otel_gpu.core.redact import redact_value
 from otel_gpu.detect.model import NUMERIC_FIELDS, Alert
 from otel_gpu.detect.trace import text_cell
+from otel_gpu.outputs.summary import diagnosis_record
 from otel_gpu.outputs.sweeps import Sweep, labels
 
 log = logging.getLogger("otel_gpu.record")
@@ -48,6 +52,7 @@ _QUEUE_SWEEPS = 256
 CONTEXT_LINE = "# otel-gpu context "
 END_LINE = "# otel-gpu end "
 DIAGNOSIS_LINE = "# otel-gpu diagnosis "
+MAX_DIAGNOSES = 200  # diagnosed alerts a recording keeps (the engine raises one per problem)
 
 
 def open_recording(path: str, flag: str = "--record") -> IO[str]:
@@ -97,6 +102,7 @@ class Recorder:
         self._queue: queue.Queue[list[list[Any]] | str | None] = queue.Queue(_QUEUE_SWEEPS)
         self._named: dict[str, str] = {}
         self.dropped_sweeps = 0
+        self._diagnoses = 0
         self.failed: str | None = None  # why the recording stopped
         self._queue.put_nowait([list(COLUMNS)])  # written (and failing) on the writer thread
         self._thread = threading.Thread(target=self._run, name="otel-gpu-record", daemon=True)
@@ -119,21 +125,20 @@ class Recorder:
             self._queue.put_nowait(_comment(CONTEXT_LINE, context))
 
     def on_alert(self, alert: Alert) -> None:
-        """A diagnosed alert's diagnosis as a comment line (``report`` shows it); never waits."""
-        d = alert.diagnosis
-        if d is None:
+        """A diagnosed alert as a comment line (``report`` shows it); never waits."""
+        found = diagnosis_record(alert)
+        if found is None or self._diagnoses >= MAX_DIAGNOSES:
             return
-        found = {
+        self._diagnoses += 1
+        entry = {
             "time": alert.time,
             "kind": alert.kind,
             "subject": alert.subject,
             "message": alert.message,
-            "lines": list(d.lines),
-            "took_s": d.took_s,
-            "error": d.error,
+            "diagnosis": found,
         }
         with contextlib.suppress(queue.Full):
-            self._queue.put_nowait(_comment(DIAGNOSIS_LINE, redact_value(found)))
+            self._queue.put_nowait(_comment(DIAGNOSIS_LINE, redact_value(entry)))
 
     def _run(self) -> None:
         while True:
@@ -181,20 +186,24 @@ def _comment(prefix: str, data: dict[str, Any]) -> str:
     return prefix + json.dumps(data, sort_keys=True, default=str) + "\n"
 
 
-def read_context(path: str) -> dict[str, Any]:
-    """The context and end lines of a recording, merged (empty for a plain trace). Reads the
-    file's comment lines only; a line that is not valid JSON is passed over."""
-    found: dict[str, Any] = {}
+def read_comments(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A recording's context and end lines, merged (empty for a plain trace), and its diagnosed
+    alerts (at most :data:`MAX_DIAGNOSES`). Reads the file's comment lines only; a line that
+    is not valid JSON, or a diagnosis line without its ``diagnosis``, is passed over."""
+    context: dict[str, Any] = {}
+    diagnoses: list[dict[str, Any]] = []
     with open(path, encoding="utf-8-sig", errors="replace") as fh:
         for line in fh:
-            if line.startswith(DIAGNOSIS_LINE):
-                with contextlib.suppress(ValueError):
-                    data = json.loads(line.split(" ", 3)[3])
-                    if isinstance(data, dict):
-                        found.setdefault("diagnoses", []).append(data)
-            elif line.startswith((CONTEXT_LINE, END_LINE)):
-                with contextlib.suppress(ValueError):
-                    data = json.loads(line.split(" ", 3)[3])
-                    if isinstance(data, dict):
-                        found.update(data)
-    return found
+            if not line.startswith((CONTEXT_LINE, END_LINE, DIAGNOSIS_LINE)):
+                continue
+            try:
+                data = json.loads(line.split(" ", 3)[3])
+            except (ValueError, IndexError):
+                continue
+            if not isinstance(data, dict):
+                continue
+            if not line.startswith(DIAGNOSIS_LINE):
+                context.update(data)
+            elif isinstance(data.get("diagnosis"), dict) and len(diagnoses) < MAX_DIAGNOSES:
+                diagnoses.append(data)
+    return context, diagnoses

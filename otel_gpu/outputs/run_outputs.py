@@ -66,11 +66,6 @@ class RunOutputs:
             from otel_gpu.outputs.record import Recorder, open_recording
 
             self.recorder = Recorder(open_recording(args.record), f"--record {args.record}")
-        self.diagnoses: Any = None
-        if args.record is not None:
-            from otel_gpu.outputs.diagnoses import DiagnosisLog, sidecar
-
-            self.diagnoses = DiagnosisLog(sidecar(args.record))
         stream = stream if stream is not None else sys.stderr
         is_terminal = bool(getattr(stream, "isatty", lambda: False)())
         self.quiet = bool(args.quiet)
@@ -103,8 +98,6 @@ class RunOutputs:
             sampler.add_listener(self.leftovers.on_snapshot)
         if watchdog is not None:
             watchdog.alert_listeners.append(self.summary.on_alert)
-            if self.diagnoses is not None:
-                watchdog.alert_listeners.append(self.diagnoses.on_alert)
             watchdog.transition_listeners.append(self.summary.on_transition)
 
         def summarise(sweep: Any) -> None:
@@ -190,9 +183,6 @@ class RunOutputs:
                         "duration_s": round(time.monotonic() - self._started, 3),
                     }
                 )
-        if self.diagnoses is not None:
-            with _alone(f"--record {self.diagnoses.path}"):
-                self.diagnoses.close()
         data: dict[str, Any] | None = None
         with _alone("the summary"):
             data = self.summary.to_dict(

@@ -62,12 +62,13 @@ def alerts_table(run: Run) -> str:
         (t.time, f"breaker {t.from_state} → {t.to_state}", t.subject, t.reason)
         for t in run.transitions
     ]
-    for d in run.context.get("diagnoses") or []:  # recorded beside the live alerts
-        if isinstance(d, dict) and isinstance(d.get("time"), int | float):
+    for e in run.diagnoses:  # recorded with the live alerts
+        if isinstance(e.get("time"), int | float):
+            d = e["diagnosis"]
             lines = [str(x) for x in d.get("lines") or []]
             text = " | ".join(lines) or f"no diagnosis: {d.get('error')}"
             events.append(
-                (float(d["time"]), f"{d.get('kind')} diagnosis", str(d.get("subject")), text)
+                (float(e["time"]), f"{e.get('kind')} diagnosis", str(e.get("subject")), text)
             )
     for when, what, subject, text in sorted(events, key=lambda e: e[0]):
         rows.append(

@@ -49,7 +49,7 @@ class Run:
     end: float
     # The recording's context lines (outputs/record.py): host, revision, command, exit code...
     context: dict[str, Any] = field(default_factory=dict)
-    # the diagnosed alerts kept beside the recording (outputs/diagnoses.py)
+    # the diagnosed alerts the recording kept (outputs/record.py: a diagnosis is not replayed)
     diagnoses: list[dict[str, Any]] = field(default_factory=list)
 
 
