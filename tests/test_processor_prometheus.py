@@ -156,7 +156,8 @@ def test_the_fleet_dashboards_detector_panels_show_the_processors_output(
     stack: Stack, title: str, expr: str
 ) -> None:
     assert stack.prom.wait_for("otel_gpu_leak_rate_bytes_per_second", 60)
-    assert stack.prom.query(expr), f"{title} is empty on the processor's output: {expr}"
+    # a rate over a range needs two scrapes of the series in it: given time on a loaded machine
+    assert stack.prom.wait_for(expr, 30), f"{title} is empty on the processor's output: {expr}"
 
 
 def _scrape(port: int) -> str:

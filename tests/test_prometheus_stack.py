@@ -212,19 +212,35 @@ def _fill(expr: str, values: dict[str, str]) -> str:
 
 
 def _variable_values(prom: Prometheus, variables: list[dict]) -> dict[str, str]:
-    """Each variable's first real value, resolved in order as Grafana does (job, then node...)."""
-    chosen: dict[str, str] = {}
-    for var in variables:
+    """A real value of each variable, resolved in order as Grafana does (run, then node...):
+    the first in sorted order under which every later variable has values too, as a user picks
+    a node of the run that has GPUs (a run's trainer endpoint is a node of it without any)."""
+
+    def values(var: dict, chosen: dict[str, str]) -> tuple[str, list[str]]:
         query = var["query"]["query"]
         found = re.fullmatch(r"label_values\((.*), *(\w+)\)", query)
         assert found, f"{var['name']}: not a label_values() query: {query}"
         selector, label = _fill(found.group(1), chosen), found.group(2)
         series = prom.api("series", **{"match[]": selector, "start": str(time.time() - 600)})
-        values = sorted({s[label] for s in series if label in s})
-        assert values, f"variable {var['name']} has no values: {selector}"
-        # As Grafana interpolates a value into a regex matcher inside a PromQL string.
-        chosen[var["name"]] = re.sub(r"[$^*+?.()|\\{}\[\]]", lambda m: "\\\\" + m[0], values[0])
-    return chosen
+        return selector, sorted({s[label] for s in series if label in s})
+
+    def resolve(i: int, chosen: dict[str, str]) -> dict[str, str] | str:
+        if i == len(variables):
+            return chosen
+        selector, found = values(variables[i], chosen)
+        why = f"variable {variables[i]['name']} has no values: {selector}"
+        for value in found:
+            # As Grafana interpolates a value into a regex matcher inside a PromQL string.
+            escaped = re.sub(r"[$^*+?.()|\\{}\[\]]", lambda m: "\\\\" + m[0], value)
+            got = resolve(i + 1, {**chosen, variables[i]["name"]: escaped})
+            if isinstance(got, dict):
+                return got
+            why = got
+        return why
+
+    got = resolve(0, {})
+    assert isinstance(got, dict), got
+    return got
 
 
 @pytest.mark.parametrize(

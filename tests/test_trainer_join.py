@@ -24,6 +24,7 @@ from support.otlp_sink import OtlpSink
 from otel_gpu.agent.settings import Settings
 from otel_gpu.agent.trainers import TrainerProgress
 from otel_gpu.commands.run import hand_to_trainer
+from otel_gpu.core import runtime_dir as rd
 from otel_gpu.core.channel import ChannelError, socket_path
 from otel_gpu.sampling.snapshot import ProcessSample, Snapshot
 from otel_gpu.tracing.autoload import AUTOLOAD_DIR
@@ -180,9 +181,17 @@ def test_no_instrument_leaves_a_plain_python_job_alone(tmp_path: Path) -> None:
 # -- the hand-over and the poller, in-process ----------------------------------------------
 
 
+@pytest.fixture
+def fresh_runtime_dir() -> Any:
+    """The runtime directory is resolved once a process: an earlier test's is forgotten."""
+    rd.reset_for_tests()
+    yield
+    rd.reset_for_tests()
+
+
 @pytest.mark.unit
 def test_the_wrappers_export_settings_reach_the_trainer_unless_the_user_set_its_own(
-    tmp_path: Path,
+    tmp_path: Path, fresh_runtime_dir: None
 ) -> None:
     runtime = tmp_path / "rt"
     runtime.mkdir(mode=0o700)
