@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from otel_gpu.core import units
@@ -48,13 +48,7 @@ class Leftover:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "pid": self.pid,
-            "name": self.name,
-            "gpu": self.gpu,
-            "used_bytes": self.used_bytes,
-            "subject": self.subject,
-        }
+        return asdict(self)
 
 
 def leftovers(snap: Snapshot, members: dict[int, int], root: int) -> list[Leftover]:

@@ -111,24 +111,24 @@ class Engine:
     def floor_trend(self, subject: str) -> FloorTrend | None:
         """The leak detector's view of a subject's memory floor (None: no floor yet), for
         displays and reports; alerts still come only from :meth:`observe`."""
-        state = self._subjects.get(subject)
-        if state is None:
-            return None
-        for d in state.detectors:
-            if isinstance(d, LeakDetector):
-                return d.trend()
-        return None
+        leak = self._leak_detector(subject)
+        return None if leak is None else leak.trend()
 
     def suspected(self, subject: str) -> float | None:
         """The data time a standing leak suspicion of ``subject`` began (None: none stands).
         A suspicion notifies nobody and moves no breaker (detect/suspect.py): callers start
         attribution on it and show it."""
+        leak = self._leak_detector(subject)
+        return None if leak is None else leak.suspected()
+
+    def _leak_detector(self, subject: str) -> LeakDetector | None:
+        """The leak detector of ``subject`` (None: unknown subject, or leaks turned off)."""
         state = self._subjects.get(subject)
         if state is None:
             return None
         for d in state.detectors:
             if isinstance(d, LeakDetector):
-                return d.suspected()
+                return d
         return None
 
     def conditions(self, subject: str) -> list[Condition]:

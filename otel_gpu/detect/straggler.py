@@ -124,18 +124,12 @@ class StragglerJudge:
         where = ", ".join(p for p in (f"host {info.host}" if info.host else "",
                                       f"GPU {info.gpu}" if info.gpu else "") if p)  # fmt: skip
         where = f" ({where})" if where else ""
-        return Alert(
-            kind=STRAGGLER,
-            subject=self.job,
-            time=at,
-            severity="warning",
-            message=(
-                f"rank {rank}{where} is a straggler: it computes {w:.3g} s per step, "
-                f"{w / med:.1f}x the job's median {med:.3g} s, in {k} of the last {n} windows; "
-                "the other ranks wait for it in their collectives"
-            ),
-            window_s=self.cfg.window_s,
-            evidence={
+        return self._alert(
+            at,
+            f"rank {rank}{where} is a straggler: it computes {w:.3g} s per step, "
+            f"{w / med:.1f}x the job's median {med:.3g} s, in {k} of the last {n} windows; "
+            "the other ranks wait for it in their collectives",
+            {
                 "rule": STRAGGLER,
                 "rank": float(rank),
                 "work_s": w,
@@ -147,15 +141,21 @@ class StragglerJudge:
         )
 
     def _job_alert(self, at: float, med: float, baseline: float) -> Alert:
+        return self._alert(
+            at,
+            f"the whole job slowed down: every rank computes {med:.3g} s per step, "
+            f"{med / baseline:.1f}x its recent {baseline:.3g} s (no single straggler)",
+            {"rule": JOB_SLOWDOWN, "job_median_s": med, "baseline_s": baseline},
+        )
+
+    def _alert(self, at: float, message: str, evidence: dict[str, float | str]) -> Alert:
+        """A straggler-kind warning about the job (a rank's or the whole job's slowdown)."""
         return Alert(
             kind=STRAGGLER,
             subject=self.job,
             time=at,
             severity="warning",
-            message=(
-                f"the whole job slowed down: every rank computes {med:.3g} s per step, "
-                f"{med / baseline:.1f}x its recent {baseline:.3g} s (no single straggler)"
-            ),
+            message=message,
             window_s=self.cfg.window_s,
-            evidence={"rule": JOB_SLOWDOWN, "job_median_s": med, "baseline_s": baseline},
+            evidence=evidence,
         )

@@ -147,31 +147,30 @@ class Assembler:
         return _Target(s, fld, dev)
 
     def put(self, tg: _Target, time_ns: int, value: float) -> None:
-        """One routed point (the decoder's Sink); the hot path, hence inlined."""
+        """One routed point (the decoder's Sink); the hot path: a point of the timestamp its
+        series has pending (most of them) makes no call."""
         s = tg.series
-        if time_ns != s.t:
-            if time_ns > s.t and time_ns > s.last_t:
-                if s.t:
-                    self._flush(s)
-                s.t = time_ns
-                s.seen = self.now
-                self._opened.append((self.now, s, time_ns))
-            else:
-                self.late += 1
-                return
+        if time_ns != s.t and not self._open(s, time_ns):
+            self.late += 1
+            return
         s.vals[tg.fld] = value
         dev = tg.device
         if dev is not None:
-            if time_ns != dev.t:
-                if time_ns > dev.t and time_ns > dev.last_t:
-                    if dev.t:
-                        self._flush(dev)
-                    dev.t = time_ns
-                    dev.seen = self.now
-                    self._opened.append((self.now, dev, time_ns))
-                else:
-                    return
+            if time_ns != dev.t and not self._open(dev, time_ns):
+                return
             dev.vals[F_PROCS] = (dev.vals[F_PROCS] or 0) + 1
+
+    def _open(self, s: _Series, time_ns: int) -> bool:
+        """Make ``time_ns`` the pending timestamp of ``s``, after flushing the one it had;
+        False when ``time_ns`` is late (not after the pending or last emitted one)."""
+        if time_ns > s.t and time_ns > s.last_t:
+            if s.t:
+                self._flush(s)
+            s.t = time_ns
+            s.seen = self.now
+            self._opened.append((self.now, s, time_ns))
+            return True
+        return False
 
     def put_job(self, res: ResourceInfo, time_ns: int, fld: int, value: float | str) -> None:
         """training.phase / training.step of a reporter; applies to all its subjects."""

@@ -98,6 +98,15 @@ def _decorate(ax: Axes, run: Run, subjects: set[str]) -> None:
         marked.add(name)
 
 
+def _label(ax: Axes, run: Run, ylabel: str, title: str) -> None:
+    """A figure's time axis (in the run's unit), its ``ylabel``, ``title`` and grid."""
+    _, unit = _scale(run)
+    ax.set_xlabel(f"time since start ({unit})")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+
+
 def _values(s: Series, values: list[float | None], scale: float) -> tuple[list[float], list[float]]:
     xs, ys = [], []
     for t, v in zip(s.times, values, strict=True):
@@ -138,12 +147,8 @@ def memory_figure(run: Run) -> Figure:
             ax.axhline(gpu.limit_bytes / units.GIB, color="#555", lw=1, ls="-.",
                        label=f"{gpu.label} memory limit")  # fmt: skip
     _decorate(ax, run, {s.subject for s in shown} | {s for s in run.series if "gpu:" in s})
-    _, unit = _scale(run)
-    ax.set_xlabel(f"time since start ({unit})")
-    ax.set_ylabel("GPU memory (GiB)")
+    _label(ax, run, "GPU memory (GiB)", "GPU memory per process, floor and fitted leak rate")
     ax.set_ylim(bottom=0)
-    ax.set_title("GPU memory per process, floor and fitted leak rate")
-    ax.grid(alpha=0.3)
     _legend_below(fig, ax)
     return fig
 
@@ -174,14 +179,10 @@ def activity_figure(run: Run) -> Figure:
         power_ax.plot(_x(run, xs), ys, color=f"C{i % 10}", lw=1, ls="--", alpha=0.7,
                       label=f"{s.label} power")  # fmt: skip
     _decorate(ax, run, {s.subject for s in gpus})
-    _, unit = _scale(run)
-    ax.set_xlabel(f"time since start ({unit})")
-    ax.set_ylabel("utilization (%)")
+    _label(ax, run, "utilization (%)", "GPU utilization and power")
     ax.set_ylim(0, 105)
     power_ax.set_ylabel("power (W)")
     power_ax.set_ylim(bottom=0)
-    ax.set_title("GPU utilization and power")
-    ax.grid(alpha=0.3)
     _legend_below(fig, ax, power_ax)
     return fig
 
@@ -211,14 +212,10 @@ def training_figure(run: Run) -> Figure | None:
     rate_ax.plot(_x(run, rates_t), rates, color="C1", lw=1, ls="--", alpha=0.8,
                  label="steps/s")  # fmt: skip
     _decorate(ax, run, {s.subject})
-    _, unit = _scale(run)
-    ax.set_xlabel(f"time since start ({unit})")
-    ax.set_ylabel("global step")
+    _label(ax, run, "global step", "Training progress")
     ax.set_ylim(bottom=0)
     rate_ax.set_ylabel("steps/s")
     rate_ax.set_ylim(bottom=0)
-    ax.set_title("Training progress")
-    ax.grid(alpha=0.3)
     lines, names = ax.get_legend_handles_labels()
     more, more_names = rate_ax.get_legend_handles_labels()
     ax.legend(lines + more, names + more_names, fontsize=7, loc="upper left", ncols=2)

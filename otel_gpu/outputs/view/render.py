@@ -101,13 +101,22 @@ def alert_line(frame: Frame) -> Text:
     )
 
 
+def _columns(width: int, *columns: tuple[str, int, str]) -> Table:
+    """A borderless table ``width`` wide of one-line columns (name, width, justify), each
+    cut with an ellipsis when its text is longer."""
+    t = Table(box=None, padding=(0, 1), pad_edge=False, header_style="bold", width=width)
+    for name, column, justify in columns:
+        t.add_column(name, width=column, justify=justify, no_wrap=True, overflow="ellipsis")  # type: ignore[arg-type]
+    return t
+
+
 def table(frame: Frame, title: str, width: int = WIDTH) -> RenderableType:
     """The live view: header, GPU rows, process rows, breaker and last alert; ``width``
     columns (from :data:`WIDTH` to :data:`MAX_WIDTH`): the names take what is over 78."""
     width = max(WIDTH, min(MAX_WIDTH, width))
     extra = width - WIDTH
-    gpus = Table(box=None, padding=(0, 1), pad_edge=False, header_style="bold", width=width)
-    for name, column, justify in (
+    gpus = _columns(
+        width,
         ("GPU", 13, "left"),
         ("model", 14 + extra, "left"),
         ("memory", 15, "right"),
@@ -115,8 +124,7 @@ def table(frame: Frame, title: str, width: int = WIDTH) -> RenderableType:
         ("power", 6, "right"),
         ("temp", 5, "right"),
         ("state", 9, "left"),
-    ):
-        gpus.add_column(name, width=column, justify=justify, no_wrap=True, overflow="ellipsis")  # type: ignore[arg-type]
+    )
     for g in frame.gpus:
         gpus.add_row(
             g.label,
@@ -127,8 +135,8 @@ def table(frame: Frame, title: str, width: int = WIDTH) -> RenderableType:
             units.celsius(g.temperature_c),
             Text(g.state.replace("_", "-"), style=_state_style(g.state)),
         )
-    procs = Table(box=None, padding=(0, 1), pad_edge=False, header_style="bold", width=width)
-    for name, column, justify in (
+    procs = _columns(
+        width,
         ("PID", 8, "right"),
         ("process", 16 + extra, "left"),
         ("GPU", 5, "left"),
@@ -136,8 +144,7 @@ def table(frame: Frame, title: str, width: int = WIDTH) -> RenderableType:
         ("floor", 11, "right"),
         ("CPU", 5, "right"),
         ("RSS", 9, "right"),
-    ):
-        procs.add_column(name, width=column, justify=justify, no_wrap=True, overflow="ellipsis")  # type: ignore[arg-type]
+    )
     for p in frame.processes:
         procs.add_row(
             str(p.pid),
