@@ -40,7 +40,7 @@ from otel_gpu.tracing.settings import TracingSettings, off_line
 
 log = logging.getLogger("otel_gpu.distro")
 
-# Defaults the distro fills in when unset (README "Settings").
+# Defaults the distro fills in when unset (docs/settings.md).
 DEFAULTS = {
     "OTEL_TRACES_EXPORTER": "otlp",
     "OTEL_METRICS_EXPORTER": "otlp",

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.docs import first_table, section
 
 from otel_gpu.actions import ActionsConfig, redact_url
 from otel_gpu.actions.notifiers import (
@@ -211,8 +212,6 @@ def test_config_file_errors(tmp_path: Path) -> None:
     assert f"slack_webhook_url in {wrong}" in str(e.value) and "sEcReT" not in str(e.value)
 
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-
 # Each vendor's variables (in declaration order) and a value for its secret option, if any.
 VENDOR_ROWS: list[tuple[type[WebhookNotifier], list[str], object]] = [
     (SlackNotifier, ["OTEL_GPU_SLACK_WEBHOOK_URL"], None),
@@ -233,9 +232,8 @@ def test_vendor_settings_derive_from_its_class(
 ) -> None:
     names = list(vendor.settings())
     assert [env_name(n) for n in names] == variables
-    # The README's settings table lists every variable the class declares.
-    table = README.read_text(encoding="utf-8").split("### Breaker and action settings")[1]
-    table = table.split("\n\n")[1]
+    # The docs' settings table lists every variable the class declares.
+    table = first_table(section("Breaker and action settings"))
     assert all(f"`{v}`" in table for v in variables)
     # Its secret option, set from the environment, is scrubbed like the URL.
     env = {variables[0]: "https://hooks.example/services/UrlSecret99"}
@@ -276,9 +274,9 @@ def test_a_kind_no_detector_raises_is_refused_naming_the_ones_that_exist() -> No
     assert all(kind in str(e.value) for kind in ALERT_KINDS)
 
 
-def test_the_readme_lists_exactly_the_stop_kinds() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    row = next(line for line in readme.splitlines() if line.startswith("| `OTEL_GPU_STOP_KINDS`"))
+def test_the_docs_list_exactly_the_stop_kinds() -> None:
+    table = first_table(section("Breaker and action settings"))
+    row = next(line for line in table.splitlines() if line.startswith("| `OTEL_GPU_STOP_KINDS`"))
     meaning = row.strip("|").split("|")[-1]
     listed = set(re.findall(r"`([a-z_]+)`", meaning.split("(", 1)[1]))
     assert listed == set(ALERT_KINDS)

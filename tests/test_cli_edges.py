@@ -198,6 +198,20 @@ def test_ctrl_c_during_the_demo_stops_cleanly_with_130() -> None:
 
 
 @pytest.mark.process
+def test_report_without_matplotlib_says_how_to_install_it_from_a_clone(tmp_path: Path) -> None:
+    blocked = "import sys; sys.modules['matplotlib'] = None; from otel_gpu.cli import main; "
+    res = subprocess.run(
+        [sys.executable, "-c", blocked + f"sys.exit(main(['report', '{tmp_path / 'run.csv'}']))"],
+        capture_output=True, text=True, timeout=60, env=clean_env(),
+    )  # fmt: skip
+    _one_line_usage_error(
+        res,
+        "otel-gpu: error: otel-gpu report needs matplotlib: pip install '.[report]' from a clone "
+        "(or pip install matplotlib)",
+    )
+
+
+@pytest.mark.process
 def test_the_demo_says_its_windows_are_shortened() -> None:
     res = otel_gpu("demo", "--scenario", "steady", "--max-seconds", "2")
     assert res.returncode == 0, res.stderr

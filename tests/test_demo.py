@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from otel_gpu.commands.demo import NEXT
+
 pytestmark = pytest.mark.peers
 
 
@@ -34,6 +36,9 @@ def test_demo_finds_the_leak_opens_the_breaker_and_notifies_within_a_minute() ->
     summary = res.stderr[res.stderr.index("otel-gpu summary") :]
     assert re.search(r"alerts: [1-9]", summary) and "  leak GPU0 51a1a7ed" in summary
     assert "Traceback" not in res.stderr
+    # It ends by saying what to run on a real job.
+    assert out.splitlines()[-1] == NEXT
+    assert NEXT.startswith("next: otel-gpu run -- opentelemetry-instrument python train.py")
 
 
 def test_demo_steady_scenario_raises_no_alert() -> None:
@@ -54,3 +59,4 @@ def test_demo_steady_scenario_raises_no_alert() -> None:
     )
     assert res.returncode == 0, res.stderr
     assert "ALERT" not in res.stdout and "no alert was raised" in res.stdout
+    assert res.stdout.splitlines()[-1] == NEXT

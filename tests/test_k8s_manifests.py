@@ -29,7 +29,7 @@ VERSIONS = ["1.29.0", kubernetes_validate.latest_version()]
 def _render(overlay: str) -> list[dict[str, Any]]:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        pytest.fail("kubectl is needed to render the kustomize overlays (see README Development)")
+        pytest.fail("kubectl is needed to render the kustomize overlays (see docs/development.md)")
     out = subprocess.run(
         [kubectl, "kustomize", str(DEPLOY / overlay)], capture_output=True, text=True, timeout=60
     )

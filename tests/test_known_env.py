@@ -17,7 +17,7 @@ def test_an_unknown_variable_is_named_with_the_closest_known_one() -> None:
         "otel-gpu: OTEL_GPU_INTERVALL is not a setting and is ignored; "
         "did you mean OTEL_GPU_INTERVAL?"
     ]
-    assert "see the README" in unknown_lines({"OTEL_GPU_ZZZZZZZZ": "1"})[0]
+    assert "; see docs/settings.md" in unknown_lines({"OTEL_GPU_ZZZZZZZZ": "1"})[0]
     assert unknown_lines({name: "x" for name in known}) == []
 
 

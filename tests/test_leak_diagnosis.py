@@ -85,7 +85,7 @@ def test_a_leak_alert_on_a_trainer_names_the_growing_holders(
     assert title == f"otel-gpu ALERT: leak (warning) on {subject}"
     shown = [line for line in body.splitlines() if " tensors, +" in line]
     assert shown == list(found.lines[:BYTES_SHOWN])
-    print(f"{title}\n{body}")  # the README's example alert comes from here
+    print(f"{title}\n{body}")  # docs/diagnosis.md's example alert comes from here
 
 
 def test_no_in_process_part_and_a_whole_gpu_say_why() -> None:

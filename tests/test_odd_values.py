@@ -1,6 +1,6 @@
 """Odd readings from NVML (RELIABILITY B, cases 16-21) through the real pynvml path on the C
 fake: each is skipped, clamped or given a new start time as documented in odd_values.py and
-the README, never exported as a wrong number."""
+docs/metrics.md, never exported as a wrong number."""
 
 from __future__ import annotations
 

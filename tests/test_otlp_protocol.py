@@ -54,8 +54,8 @@ def test_run_with_http_protobuf_uses_the_http_exporter_or_says_how_to_get_it(
         assert proc.returncode == 2 and not marker.exists()  # refused before the job started
         assert proc.stderr.strip().splitlines() == [
             "otel-gpu: error: OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf: the OTLP/HTTP exporter "
-            "is not installed; pip install 'otel-gpu[otlp-http]' "
-            "(opentelemetry-exporter-otlp-proto-http), or use grpc"
+            "is not installed; pip install '.[otlp-http]' from a clone "
+            "(or pip install opentelemetry-exporter-otlp-proto-http), or use grpc"
         ]
 
 

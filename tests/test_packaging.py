@@ -83,7 +83,7 @@ def test_the_opentelemetry_floors_are_one_release_that_installs_together() -> No
     """OpenTelemetry Python releases core 1.N with contrib 0.(N+21)b0, and each contrib package
     pins the SDK to its own release (exporter-prometheus 0.66b0: sdk ~=1.45.0): floors from
     different releases cannot be installed together (checked by hand in a fresh venv, see
-    README "Development"; the suite reaches no registry)."""
+    docs/development.md; the suite reaches no registry)."""
     floors = _floors()
     core = {n: v[:2] for n, v in floors.items() if n.startswith("opentelemetry-") and v[0] == 1}
     contrib = {n: v[:2] for n, v in floors.items() if n.startswith("opentelemetry-") and v[0] == 0}

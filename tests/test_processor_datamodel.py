@@ -1,6 +1,6 @@
 """Checklist 37, data-model violations: each one is refused (counted, reported in
-``partial_success``, cut from the forwarded copy) or forwarded but never judged, as the README's
-table says; unknown fields (a newer OTLP) pass through."""
+``partial_success``, cut from the forwarded copy) or forwarded but never judged, as the table in
+docs/processor.md says; unknown fields (a newer OTLP) pass through."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parent.parent
 PINNED = ROOT / "tests" / "data" / "semconv" / f"v{signals.SEMCONV_VERSION}.yaml"
 NAMESPACES = ("hw.", "process.", "cpu.", "vcs.", "k8s.")
-# Ours in a convention namespace without a convention metric, each documented in the README:
+# Ours in a convention namespace without a convention metric, each documented in docs/metrics.md:
 # the names OpenLIT's GPU collector uses for per-process GPU memory and utilization.
 NOT_IN_SEMCONV = {"process.gpu.memory.usage", "process.gpu.utilization"}
 # String literals in those namespaces that are no key: prefixes the demo filters names by.

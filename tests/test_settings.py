@@ -1,5 +1,6 @@
 """The declarative settings layer: one precedence, errors naming the source the user used, one
-true/false word list, options and --help built from the declarations, README tables that match.
+true/false word list, options and --help built from the declarations, settings tables (README and
+docs/) that match.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.docs import reference_lines
 
 from otel_gpu.agent import settings as config
 from otel_gpu.cli import build_parser
@@ -22,7 +24,6 @@ from otel_gpu.tracing import settings as tracing_settings
 
 pytestmark = pytest.mark.unit
 
-README = Path(__file__).resolve().parents[1] / "README.md"
 PERIOD = Setting("period_s", "X_PERIOD", number(1, 60, accepted="use 1 to 60"), "a period", "5")
 
 
@@ -141,11 +142,11 @@ def test_help_of_each_command_comes_from_the_declarations() -> None:
 
 
 def _settings_rows() -> list[dict[str, str]]:
-    """Rows of the README's settings tables (those with "default" and "meaning" columns), as
-    header -> cell."""
+    """Rows of the settings tables of the README and docs/ (those with "default" and "meaning"
+    columns), as header -> cell."""
     rows: list[dict[str, str]] = []
     header: list[str] = []
-    for line in README.read_text(encoding="utf-8").splitlines():
+    for line in reference_lines():
         if not line.startswith("|"):
             header = []
             continue
@@ -172,7 +173,7 @@ def _declared() -> list[Setting]:
 
 
 def _rows_of(setting: Setting) -> list[dict[str, str]]:
-    """The README rows of a setting: those naming its variable alone in a cell (`VAR`,
+    """The table rows of a setting: those naming its variable alone in a cell (`VAR`,
     `VAR=false`, `VAR` (ms)), not one of a list; for a flag-only setting, those naming its
     flag with no variable."""
     if setting.env:
@@ -187,11 +188,11 @@ def _rows_of(setting: Setting) -> list[dict[str, str]]:
 
 
 @pytest.mark.parametrize("setting", _declared(), ids=lambda s: s.name)
-def test_readme_tables_match_the_declarations(setting: Setting) -> None:
-    """Each declared setting has a README row with its variable (or its flag, when it has no
+def test_docs_tables_match_the_declarations(setting: Setting) -> None:
+    """Each declared setting has a table row with its variable (or its flag, when it has no
     variable), flag, default and doc; every row that names it shows the same default."""
     rows = _rows_of(setting)
-    assert rows, f"no README table row for {setting.env or setting.flag}"
+    assert rows, f"no table row in README.md or docs/ for {setting.env or setting.flag}"
     for row in rows:
         default = row["default"].replace("`", "")
         assert default == setting.default.replace("`", ""), (setting.env, row)
@@ -207,7 +208,7 @@ def test_readme_tables_match_the_declarations(setting: Setting) -> None:
 NOT_DECLARED = {"OTEL_GPU_TRAIN_TRACEPARENT", "OTEL_GPU_ACTIONS_CONFIG", "OTEL_GPU_RUNTIME_DIR"}
 
 
-def test_every_variable_in_the_readme_tables_is_declared() -> None:
+def test_every_variable_in_the_docs_tables_is_declared() -> None:
     from otel_gpu.actions.settings import DECLARED as ACTIONS
 
     declared = {s.env for s in [*_declared(), *ACTIONS]} | NOT_DECLARED
@@ -217,7 +218,7 @@ def test_every_variable_in_the_readme_tables_is_declared() -> None:
         for cell in (row.get("variable", ""), row.get("environment", ""))
         for v in re.findall(r"`(OTEL_GPU_[A-Z_]+)", cell)
     }
-    assert named, "no variables found in the README tables"
+    assert named, "no variables found in the settings tables"
     assert named - declared == set()
 
 
@@ -265,7 +266,7 @@ SHOWN_IN_WORDS = {
     ids=lambda v: getattr(v, "name", ""),
 )
 def test_the_shown_default_is_the_objects_default(setting: Setting, defaults: object) -> None:
-    shown = setting.parse(setting.default.strip("`"), "README")
+    shown = setting.parse(setting.default.strip("`"), "docs")
     assert shown == getattr(defaults, setting.name)
 
 

@@ -3,7 +3,7 @@ inference and Kubernetes instruments, the processor), what the processor routes 
 engine reads are the same declarations, checked through the real OTel SDK and OTLP encoding.
 
 A renamed instrument, a unit changed on one side, a metric exported but undeclared (or declared
-but never exported, or missing from the README), a route to a metric nobody exports or a Point
+but never exported, or missing from the tables of the README and docs/), a route to a metric nobody exports or a Point
 field no signal feeds fails here instead of leaving fleet detection blind.
 """
 
@@ -30,6 +30,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics._internal.point import Gauge, Sum
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricsData
+from support.docs import reference_lines
 from support.processor import in_process_config
 from support.snapshots import leak_snapshots
 
@@ -474,16 +475,15 @@ def _log_keys(alerts: list | None = None, transitions: list | None = None) -> se
     return {a.key for r in records for a in r.attributes}
 
 
-README = Path(__file__).resolve().parents[1] / "README.md"
 INSTRUMENT_WORDS = {"Gauge": signals.GAUGE, "Counter": signals.COUNTER}
 INSTRUMENT_WORDS["UpDownCounter"] = signals.UPDOWN
 
 
-def _readme_rows() -> dict[str, tuple[str, str]]:
-    """Metric tables of the README: name -> (unit, kind), from rows ``| `name` | instrument |
+def _metric_rows() -> dict[str, tuple[str, str]]:
+    """Metric tables of the README and docs/: name -> (unit, kind), from rows ``| `name` | instrument |
     unit | ...`` (a row may list several names)."""
     rows: dict[str, tuple[str, str]] = {}
-    for line in README.read_text().splitlines():
+    for line in reference_lines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) < 3 or not cells[0].startswith("`"):
             continue
@@ -497,13 +497,13 @@ def _readme_rows() -> dict[str, tuple[str, str]]:
 
 @pytest.mark.unit
 @pytest.mark.parametrize("signal", signals.SIGNALS, ids=lambda s: s.name)
-def test_the_readme_documents_every_signal_with_its_unit_and_kind(signal: signals.Signal) -> None:
-    assert _readme_rows().get(signal.name) == (signal.unit, signal.kind)
+def test_the_docs_document_every_signal_with_its_unit_and_kind(signal: signals.Signal) -> None:
+    assert _metric_rows().get(signal.name) == (signal.unit, signal.kind)
 
 
 @pytest.mark.unit
-def test_every_metric_row_of_the_readme_is_a_declared_signal() -> None:
-    rows = _readme_rows()
+def test_every_metric_row_of_the_docs_is_a_declared_signal() -> None:
+    rows = _metric_rows()
     assert len(rows) >= len(signals.SIGNALS)  # the parser found the tables
     assert set(rows) - set(signals.BY_NAME) == set()
 

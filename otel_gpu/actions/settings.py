@@ -165,11 +165,11 @@ _PARSERS: dict[str, Parser] = {
     "stop_signal": _signal_name,
 }
 _FIELDS = tuple(_PARSERS)
-_DOC = 'see README "Breaker and action settings"'
+_DOC = 'see docs/detection.md "Breaker and action settings"'
 
 
 # The declarations the resolver reads (the parsers here take the source first); each is
-# documented in README "Breaker and action settings".
+# documented in docs/detection.md "Breaker and action settings".
 def _declare(name: str, parse: Parser) -> Setting:
     return Setting(name, env_name(name), lambda value, where: parse(where, value), _DOC)
 

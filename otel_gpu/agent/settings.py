@@ -99,7 +99,7 @@ def _kernel_log(raw: object, source: str) -> str | None:
     return path
 
 
-# Every agent setting, declared once (README "CLI reference" and "Settings" list them; a test
+# Every agent setting, declared once (docs/cli.md and docs/settings.md list them; a test
 # checks the tables against these). Fields of Settings, in its order.
 DECLARED = (
     Setting(

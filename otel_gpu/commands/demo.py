@@ -49,6 +49,9 @@ WORKLOAD = (
 
 _IGNORE_SIGINT = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
 
+# The demo's last line: what to run on a real job.
+NEXT = 'next: otel-gpu run -- opentelemetry-instrument python train.py  (README "Watch a job")'
+
 
 # The demo's own options (flags only: a demo is run by hand).
 DEMO_OPTIONS = (
@@ -188,9 +191,12 @@ def demo(args: argparse.Namespace) -> int:
         rate = (note.get("alert") or {}).get("rate_bytes_per_s")
         summary["alert.rate_bytes_per_s"] = rate
         print("notification payload (excerpt):", json.dumps(summary), file=out)
-        return 0
-    print("no alert was raised in this run", file=out)
-    return 0 if opts.scenario == "steady" else 1
+        code = 0
+    else:
+        print("no alert was raised in this run", file=out)
+        code = 0 if opts.scenario == "steady" else 1
+    print(NEXT, file=out)
+    return code
 
 
 class DemoWorkload:

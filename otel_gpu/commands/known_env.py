@@ -55,7 +55,7 @@ def unknown_lines(env: Mapping[str, str], known: frozenset[str] | None = None) -
         if not name.startswith(PREFIX) or name in known:
             continue
         close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
-        hint = f"; did you mean {close[0]}?" if close else "; see the README's settings tables"
+        hint = f"; did you mean {close[0]}?" if close else "; see docs/settings.md"
         lines.append(f"otel-gpu: {name} is not a setting and is ignored{hint}")
     return lines
 

@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         """Receive OTLP metrics, traces and logs over gRPC, forward them unchanged to
         the --forward endpoints, run leak/stall detection on the GPU series, and
         send alerts (log records) and detector metrics downstream. Notification
-        settings: OTEL_GPU_* webhook variables (see the README); breaker settings:
+        settings: OTEL_GPU_* webhook variables (see docs/detection.md); breaker settings:
         OTEL_GPU_BREAKER_*.""",
     )
     add_options(parser, DECLARED)

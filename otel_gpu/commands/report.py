@@ -18,8 +18,8 @@ def add_parser(subparsers: Any) -> None:
         """Replay recordings (otel-gpu run/watch --record FILE) through the detection
         engine and write one self-contained HTML page: GPU memory per process with
         the engine's floor and fitted leak rate, utilization and power, phases,
-        alerts and breaker transitions, and the run summary. Needs matplotlib (pip
-        install 'otel-gpu[report]').""",
+        alerts and breaker transitions, and the run summary. Needs matplotlib (from a
+        clone: pip install '.[report]').""",
     )
     p.add_argument("files", nargs="+", metavar="FILE", help="recordings (CSV)")
     p.add_argument(
@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
         import matplotlib  # noqa: F401
     except ImportError:
         raise UsageError(
-            "otel-gpu report needs matplotlib: pip install 'otel-gpu[report]'"
+            "otel-gpu report needs matplotlib: pip install '.[report]' from a clone "
+            "(or pip install matplotlib)"
         ) from None
     from otel_gpu.commands.analyze import load_config
     from otel_gpu.core.private_files import open_private

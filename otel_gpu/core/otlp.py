@@ -14,7 +14,10 @@ from otel_gpu.core.redact import MASK, mask_url
 # OTEL_EXPORTER_OTLP_PROTOCOL values the Python SDK has an exporter for (http/json: none).
 GRPC = "grpc"
 HTTP_PROTOBUF = "http/protobuf"
-HTTP_EXTRA = "pip install 'otel-gpu[otlp-http]' (opentelemetry-exporter-otlp-proto-http)"
+HTTP_EXTRA = (
+    "pip install '.[otlp-http]' from a clone "
+    "(or pip install opentelemetry-exporter-otlp-proto-http)"
+)
 
 
 def otlp_protocol(env: Mapping[str, str], signal: str) -> str:

@@ -5,7 +5,7 @@ Every path that can carry a command line or free text off the machine goes throu
 attributes, log records, alert messages and webhook payloads (:func:`redact_text`,
 :func:`redact_value`). A new secret shape is added here once and holds everywhere.
 
-What is masked (README "What is redacted"), each replaced by ``***``:
+What is masked (docs/redaction.md), each replaced by ``***``:
 
 - the value of a flag or ``KEY=VALUE`` pair whose *name* is secret (:func:`is_secret_name`):
   ``--hf_token X``, ``--db-pass=X``, ``-password X``, ``HF_TOKEN=X``, ``-Dpassword=X``;

@@ -117,8 +117,8 @@ class Setting:
     name: str  # the field of the settings object it fills
     env: str | None  # environment variable; None: arguments (and files) only
     parse: Parser
-    doc: str  # one line, shown in --help and checked against the README tables
-    default: str = "—"  # the default as the README and --help show it
+    doc: str  # one line, shown in --help and checked against the docs' tables
+    default: str = "—"  # the default as the docs and --help show it
     flag: str | None = None  # command-line flag of the commands that take it
     metavar: str | None = None
     # A flag that takes no value and sets this (``--no-detect`` sets detect to False).

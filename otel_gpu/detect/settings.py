@@ -276,7 +276,7 @@ class DetectConfig:
 
 
 def _shown(default: Any) -> str:
-    """A default as the README table shows it: the exact value, so that parsing the README's
+    """A default as the docs' table shows it: the exact value, so that parsing the table's
     text gives the object's default back (tests/test_settings.py), whole numbers without ".0"."""
     if isinstance(default, bool):
         return str(default).lower()

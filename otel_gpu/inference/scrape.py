@@ -109,7 +109,7 @@ class ServerScraper:
     # -- the normalized instruments --------------------------------------------------------
 
     def register_instruments(self, meter: Meter) -> list[object]:
-        """``otel_gpu.inference.*`` (``otel_gpu.core.signals.inference``; README "Kubernetes"),
+        """``otel_gpu.inference.*`` (``otel_gpu.core.signals.inference``; docs/kubernetes.md),
         with ``otel_gpu.inference.engine``."""
         return [observable(meter, signal, [self._callback(read)]) for signal, read in _INSTRUMENTS]
 

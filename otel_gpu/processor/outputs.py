@@ -1,5 +1,5 @@
 """What the processor itself sends downstream: alerts and transitions as OTLP log records, and
-detector metrics (contract names in the README's Metrics tables):
+detector metrics (contract names in docs/metrics.md's tables):
 
 - ``otel_gpu.leak.rate`` (gauge, By/s) and ``otel_gpu.memory.time_to_exhaustion`` (gauge, s):
   the engine's current estimates while the subject's leak is active (counting down with the

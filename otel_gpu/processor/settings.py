@@ -2,7 +2,7 @@
 
 :data:`DECLARED` holds every setting the ``otel-gpu processor`` command takes (field, flag,
 ``OTEL_GPU_PROCESSOR_*`` variable, parser with its bounds, shown default, one-line doc); its
-options, ``--help`` and the README table derive from it. :meth:`ProcessorConfig.load` resolves
+options, ``--help`` and the table in docs/processor.md derive from it. :meth:`ProcessorConfig.load` resolves
 them (flag > variable > default) and refuses a bad value with one :class:`UsageError` line
 naming the flag or variable used. Direct construction (tests, embedders) is held to the same
 bounds, each refusal naming the field.
@@ -119,7 +119,7 @@ _BYTES = number(
     1024, _GRPC_MAX_BYTES, integer=True, accepted="use a whole number of bytes, 1024 or more"
 )
 
-# Every setting of `otel-gpu processor`, declared once (README "Fleet-wide detection" lists
+# Every setting of `otel-gpu processor`, declared once (docs/processor.md lists
 # them; a test checks the table against these). Fields of ProcessorConfig.
 DECLARED = (
     Setting(

@@ -612,7 +612,7 @@ class NvmlSource:
         if (dev.key, metric) not in self._odd_logged:
             self._odd_logged.add((dev.key, metric))
             log.warning(
-                "GPU %s (%s): odd %s reading, %s (README: Odd values); not logged again",
+                "GPU %s (%s): odd %s reading, %s (docs/metrics.md: Odd values); not logged again",
                 dev.index,
                 dev.uuid,
                 metric,

@@ -1,7 +1,7 @@
 """Readings NVML returns that cannot be right, and what the agent reports instead.
 
 Each rule returns the value to report and, when the reading was odd, a short description for
-the log (NvmlSource logs it once per device and metric). The README's "Odd values" table
+the log (NvmlSource logs it once per device and metric). The "Odd values" table of docs/metrics.md
 documents the same rules; a counter that goes backwards is handled where series are exported
 (otel_gpu/agent/series.py: a new start time).
 

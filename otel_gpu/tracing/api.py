@@ -9,7 +9,7 @@
                 with otel_gpu.phase("evaluate"):
                     evaluate()
 
-Spans and metrics are the same as for the HF Trainer (see README): ``phase("train")`` opens
+Spans and metrics are the same as for the HF Trainer (see docs/tracing.md): ``phase("train")`` opens
 the ``train`` span, other names open a child span of that name; ``load``, ``train``,
 ``evaluate`` and ``save`` / ``save_checkpoint`` also set ``training.phase``.
 """

@@ -3,7 +3,7 @@
 
 ``opentelemetry-instrument`` turns every ``OTEL_*`` constant of this module into a flag by
 dropping the ``OTEL_`` prefix and lower-casing the rest, so ``OTEL_GPU_STOP`` is also
-``opentelemetry-instrument --gpu_stop true ...``. Each is documented in the README.
+``opentelemetry-instrument --gpu_stop true ...``. Each is documented in docs/settings.md.
 """
 
 OTEL_GPU_ROLE = "OTEL_GPU_ROLE"

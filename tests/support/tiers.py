@@ -1,4 +1,4 @@
-"""The three test tiers (README "Development"), and the hooks that hold them.
+"""The three test tiers (docs/development.md), and the hooks that hold them.
 
 ``unit``: in-process and fast; ``process``: starts child processes or opens real sockets;
 ``peers``: real external peers (Prometheus, Phoenix, rotel, Chromium, swift, torchrun,

@@ -1,7 +1,7 @@
 """The signal contract: every metric the project exports or reads, declared once.
 
 Each :class:`Signal` is a name with its instrument kind, UCUM unit and description (names are a
-contract: the README's Metrics tables). The declarations live in one module per family:
+contract: the tables of docs/metrics.md). The declarations live in one module per family:
 
 ======================  ==========================================================
 ``gpu``                 the agent's GPU signals (NVML)
@@ -19,7 +19,7 @@ transition records; ``inputs`` the :data:`FEEDS`, which say which points of whic
 detection engine reads; ``reading`` :func:`observable`, through which every instrument is made.
 Every public name of those modules is importable from here, so a new declaration is written
 once: :data:`SIGNALS` is read off the family modules, and the tests export every one of them
-through the real SDK (or the processor's OTLP encoding) and check its README row.
+through the real SDK (or the processor's OTLP encoding) and check its row in the docs.
 """
 
 from otel_gpu.core.signals import agent, detector, gpu, inference, k8s, process, processor, training
