@@ -65,3 +65,25 @@ def test_a_recording_without_diagnoses_has_no_such_table(tmp_path: Path) -> None
     out = tmp_path / "report.html"
     assert main(["report", str(recording), "-o", str(out)]) == 0
     assert "Where the memory went" not in out.read_text()
+
+
+def test_the_figures_of_a_run_share_its_time_axis(tmp_path: Path) -> None:
+    """A run's figures stand one above the other: the same time range on each, whichever
+    series starts late (a process appearing after the GPU) or ends early."""
+    from otel_gpu.detect.trace import read_rows
+    from otel_gpu.outputs.report.plots import activity_figure, memory_figure, training_figure
+    from otel_gpu.outputs.report.replay import replay_recording
+
+    recording = tmp_path / "run.csv"
+    recorder = Recorder(open_recording(str(recording)))
+    for i in range(40):
+        t = 1000.0 + 15.0 * i
+        points = [("gpu:GPU-1", Point(t, used_bytes=1e9, limit_bytes=8e10, util=0.9, step=i))]
+        if 10 <= i < 30:
+            points.append(("process:42@GPU-1", Point(t, used_bytes=5e8)))
+        recorder.on_sweep(Sweep(Snapshot(time=t), points, None, None))
+    recorder.close()
+    run = replay_recording(str(recording), read_rows(str(recording)))
+    figures = [memory_figure(run), activity_figure(run), training_figure(run)]
+    limits = {tuple(round(x, 6) for x in f.axes[0].get_xlim()) for f in figures if f}
+    assert limits == {(0.0, round(39 * 15.0 / 60, 6))}

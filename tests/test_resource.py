@@ -143,6 +143,17 @@ def test_outside_repository_is_empty_with_one_warning(
 
 
 @pytest.mark.process
+def test_a_trainer_under_otel_gpu_run_leaves_the_warning_to_its_wrapper(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_GPU_WATCHED_BY", "4242")  # as otel-gpu run sets it in its job
+    caplog.set_level(logging.DEBUG, "otel_gpu.resource")
+    assert detect(tmp_path) == {}
+    said = [r for r in caplog.records if "not inside a git repository" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.DEBUG]  # said, once, but not into the job's output
+
+
+@pytest.mark.process
 def test_slow_git_is_cut_off_and_killed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

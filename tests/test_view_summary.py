@@ -197,3 +197,23 @@ def test_summary_json_in_a_missing_folder_is_refused_up_front(tmp_path: Path) ->
     )  # fmt: skip
     assert res.returncode == 2 and "--summary-json" in res.stderr
     assert len(res.stderr.splitlines()) == 1 and "Traceback" not in res.stderr
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_a_summary_without_any_gpu_says_so_instead_of_an_empty_table(gpus: int) -> None:
+    import io
+
+    from rich.console import Console
+
+    from otel_gpu.outputs.summary import render
+
+    seen = [
+        {"label": "GPU0 H100", "peak_bytes": 2e9, "final_bytes": 1e9, "floor_rate_bytes_per_s": 0}
+    ][:gpus]
+    out = io.StringIO()
+    data = {"gpus": seen, "processes": [], "alerts": [], "transitions": [], "duration_s": 3.0}
+    render(data, Console(file=out, width=100, color_system=None))
+    text = out.getvalue()
+    assert ("GPUs: none seen" in text) is (gpus == 0)
+    assert ("peak" in text and "GPU0 H100" in text) is (gpus == 1)

@@ -15,6 +15,7 @@ points) and the summary (:meth:`TrainerProgress.summary`).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -23,7 +24,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_gpu.core.channel import SOCKET_PREFIX, ChannelError, request, socket_path
+from otel_gpu.core.channel import (
+    LAST_WORDS_MAX_BYTES,
+    SOCKET_PREFIX,
+    ChannelError,
+    last_words_path,
+    request,
+    socket_path,
+)
 from otel_gpu.sampling.snapshot import Snapshot
 
 log = logging.getLogger("otel_gpu.trainers")
@@ -55,6 +63,7 @@ class TrainerState:
     polled: float = 0.0  # monotonic time of the last poll (oldest first when over the cap)
     recent: list[tuple[int, float]] = field(default_factory=list)  # (step, wall time) ends
     numbers: dict[str, float] = field(default_factory=dict)  # loss, learning_rate, step_s, ...
+    phases_s: dict[str, float] | None = None  # seconds per phase, as the trainer counted them
 
     def step_rate(self) -> float | None:
         """Steps per second over the recent step ends; None before two."""
@@ -111,6 +120,8 @@ class TrainerProgress:
         serving = [
             pid for pid in sorted(tree) if pid in sockets and self._gone.get(pid) != sockets[pid]
         ]
+        for pid in [p for p in self._trainers if p not in tree]:
+            self._take_last_words(self._trainers[pid])  # the steps after the last poll
         with self._lock:
             for pid in [p for p in self._trainers if p not in tree]:
                 del self._trainers[pid]  # exited: its numbers stay in the summary's best
@@ -162,11 +173,52 @@ class TrainerProgress:
             gone = "gone" in str(exc) or "no in-process part" in str(exc)
             if gone or state.failures >= FORGET_AFTER:
                 log.debug("trainer %d forgotten: %s", state.pid, exc)
+                self._take_last_words(state)
                 with self._lock:
                     self._trainers.pop(state.pid, None)
                     self._gone[state.pid] = state.inode
             return
         state.failures = 0
+        self._take(state, reply)
+        with self._lock:
+            best = self._best
+            if best is None or best is state or _better(state, best):
+                self._best = state
+
+    def finish(self) -> None:
+        """When the job has ended: take the final progress its trainers left at exit (the
+        steps and phases after the last poll); never raises."""
+        with self._lock:
+            states = list(self._trainers.values())
+        for state in states:
+            self._take_last_words(state)
+
+    def _take_last_words(self, state: TrainerState) -> None:
+        """Take (and remove) the final progress ``state``'s process left at exit, if it is
+        that process's: the same socket inode."""
+        if not state.hello:
+            return
+        path = last_words_path(self.directory, state.pid)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return  # none left (killed, or not under otel-gpu run)
+        try:
+            with os.fdopen(fd, "rb") as f:
+                raw = f.read(LAST_WORDS_MAX_BYTES + 1)
+            os.unlink(path)
+            reply = json.loads(raw) if len(raw) <= LAST_WORDS_MAX_BYTES else None
+        except (OSError, ValueError) as exc:
+            log.debug("trainer %d: final progress unreadable: %s", state.pid, exc)
+            return
+        if not isinstance(reply, dict) or reply.get("inode") != state.inode:
+            return  # another process's under a reused PID
+        # It holds every step end the ring kept: those after our cursor are new, and any gap
+        # before the first of them was lost.
+        ends = [e for e in reply.get("steps") or [] if _after(e, state.seq)]
+        seq = reply.get("seq")
+        newest = seq if isinstance(seq, int) else state.seq
+        reply["lost"] = max(0, (ends[0][0] if ends else newest + 1) - state.seq - 1)
         self._take(state, reply)
         with self._lock:
             best = self._best
@@ -185,8 +237,15 @@ class TrainerProgress:
                 for k, v in numbers.items()
                 if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
             }
+        phases = reply.get("phases_s")
+        if isinstance(phases, dict):
+            state.phases_s = {
+                k: float(v)
+                for k, v in phases.items()
+                if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
         seq = reply.get("seq")
-        ends = reply.get("steps") or []
+        ends = [e for e in reply.get("steps") or [] if _after(e, state.seq)]
         lost = reply.get("lost")
         state.step_ends += len(ends) + (lost if isinstance(lost, int) and lost > 0 else 0)
         for end in ends:
@@ -266,6 +325,8 @@ class TrainerProgress:
             best = self._best
         if best is None and not phases:
             return None
+        if best is not None and best.phases_s is not None:
+            phases = {k: round(v, 1) for k, v in best.phases_s.items() if v >= 0.05}
         out: dict[str, Any] = {"phases_s": phases}
         if best is not None:
             out["steps"] = best.step
@@ -275,6 +336,12 @@ class TrainerProgress:
             out["processes"] = max(trainers, self._answered)
             out["last"] = {k: round(v, 6) for k, v in best.numbers.items()}
         return out
+
+
+def _after(end: Any, seq: int) -> bool:
+    """A step end ``[seq, step, wall]`` after the cursor ``seq`` (final progress holds them
+    all; a trainer's reply, only those after the cursor asked with)."""
+    return isinstance(end, list) and len(end) == 3 and isinstance(end[0], int) and end[0] > seq
 
 
 def _better(a: TrainerState, b: TrainerState) -> bool:

@@ -19,6 +19,7 @@ READ_DIRECTLY = frozenset(
         "OTEL_GPU_ACTIONS_CONFIG",
         "OTEL_GPU_TRAIN_TRACEPARENT",
         "OTEL_GPU_RUNTIME_DIR",
+        "OTEL_GPU_WATCHED_BY",  # set by otel-gpu run in its job (core/channel.py)
         "OTEL_GPU_GIT_DIR",
         "OTEL_GPU_ROLE",
         "OTEL_GPU_HEALTHCHECK_URL",  # the container image's health check (Dockerfile)

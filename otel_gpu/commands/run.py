@@ -18,6 +18,7 @@ from otel_gpu.commands.common import (
     settings_from_args,
     setup_logging,
 )
+from otel_gpu.core.channel import WATCHED_BY_ENV
 from otel_gpu.core.errors import UsageError
 from otel_gpu.core.job_identity import (
     SERVICE_NAME_ENV,
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         settings,
         LaunchedCommand(cmd, env),
         resource=lambda: build_resource(args.service_name, cmd, settings, env),
-        outputs=lambda: RunOutputs(args, f"otel-gpu run {os.path.basename(cmd[0])}"),
+        outputs=lambda: RunOutputs(args, f"otel-gpu run {job_title(cmd)}"),
         parts=[
             NodeLock(settings.lock_dir, os.environ.get("CUDA_VISIBLE_DEVICES")),
             TrainerJoin(directory),
@@ -150,6 +151,26 @@ def given_flags(args: argparse.Namespace) -> set[str]:
 SIGNAL_EXPORTERS = ("OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER")
 
 
+def job_title(cmd: Sequence[str]) -> str:
+    """How the live view names the job: the program (``opentelemetry-instrument`` and its
+    options passed over, since it only starts the job) and, for Python, the script or
+    ``-m`` module: ``python train.py``, ``python -m torch.distributed.run``, ``torchrun``."""
+    args = list(cmd)
+    if args and os.path.basename(args[0]) == "opentelemetry-instrument":
+        args = args[1:]
+        while args and args[0].startswith("-"):  # its options all take a value
+            args = args[1:] if "=" in args[0] else args[2:]
+    if not args:
+        return os.path.basename(cmd[0])
+    name = os.path.basename(args[0])
+    if name.startswith("python") and len(args) > 1:
+        if args[1] == "-m" and len(args) > 2:
+            return f"{name} -m {args[2]}"
+        if not args[1].startswith("-"):
+            return f"{name} {os.path.basename(args[1])}"
+    return name
+
+
 def hand_to_trainer(env: dict[str, str], settings: Settings, flags: set[str]) -> str:
     """What the job's processes need from the wrapper, put into ``env`` (the job's): the
     runtime directory their control sockets go to (returned), where their telemetry goes, and
@@ -163,6 +184,7 @@ def hand_to_trainer(env: dict[str, str], settings: Settings, flags: set[str]) ->
     user = dict(env)
     directory = runtime_dir(env)
     env[RUNTIME_DIR_ENV] = directory
+    env[WATCHED_BY_ENV] = str(os.getpid())  # the trainers leave their last progress at exit
     names = [n for n in settings.exporters if n == "otlp"]
     for variable in SIGNAL_EXPORTERS:
         if variable not in user:

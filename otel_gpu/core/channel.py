@@ -51,6 +51,18 @@ def socket_path(directory: str, pid: int) -> str:
     return os.path.join(directory, f"{SOCKET_PREFIX}{pid}.sock")
 
 
+# Set by ``otel-gpu run`` in its job's environment: a trainer then leaves its final progress
+# in LAST_WORDS_PREFIX<pid>.json when it exits, which the wrapper reads (and removes) for the
+# steps and phases it ended after the last poll (agent/trainers.py).
+WATCHED_BY_ENV = "OTEL_GPU_WATCHED_BY"
+LAST_WORDS_PREFIX = "progress-"
+LAST_WORDS_MAX_BYTES = 1 << 20
+
+
+def last_words_path(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"{LAST_WORDS_PREFIX}{pid}.json")
+
+
 def _peer_uid(conn: socket.socket) -> int | None:
     try:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))

@@ -184,6 +184,9 @@ class RunOutputs:
                     }
                 )
         data: dict[str, Any] | None = None
+        if self.progress is not None:
+            with _alone("the trainers' final progress"):
+                self.progress.finish()  # the steps they ended after the last poll
         with _alone("the summary"):
             data = self.summary.to_dict(
                 duration_s=time.monotonic() - self._started,

@@ -208,6 +208,7 @@ def render(data: dict[str, Any], console: Console) -> None:
         code = data["exit_code"]
         head.append("  exit code ")
         head.append(str(code), style="green" if code == 0 else "bold red")
+    seen = data["gpus"] + data["processes"]
     rows = Table(box=None, padding=(0, 1), pad_edge=False, header_style="bold")
     for name, justify in (
         ("", "left"),
@@ -217,7 +218,7 @@ def render(data: dict[str, Any], console: Console) -> None:
         ("busy/idle", "right"),
     ):
         rows.add_column(name, justify=justify, no_wrap=True, overflow="ellipsis")  # type: ignore[arg-type]
-    for s in data["gpus"] + data["processes"]:
+    for s in seen:
         profile = "-"
         if "busy_fraction" in s:
             profile = f"{units.fraction(s['busy_fraction'])}/{units.fraction(s['idle_fraction'])}"
@@ -228,7 +229,7 @@ def render(data: dict[str, Any], console: Console) -> None:
             units.rate(s["floor_rate_bytes_per_s"]),
             profile,
         )
-    lines: list[Any] = [head, rows]
+    lines: list[Any] = [head, rows] if seen else [head, Text("GPUs: none seen", style="dim")]
     training = training_line(data.get("training"))
     if training:
         lines.append(Text(training))

@@ -26,6 +26,8 @@ from urllib.parse import urlsplit
 from opentelemetry.sdk.resources import Resource, ResourceDetector
 from opentelemetry.util.types import AttributeValue
 
+from otel_gpu.core.channel import WATCHED_BY_ENV
+
 log = logging.getLogger("otel_gpu.resource")
 
 # Extensions (semconv has no dirty flag and no submodule list).
@@ -229,7 +231,13 @@ class GitResourceDetector(ResourceDetector):
                 raise GitError(f"{ENV_GIT_DIR}={cwd} is not a directory")
             return Resource(git_attributes(cwd, self.timeout_s))
         except GitError as exc:
-            log.warning("git provenance not recorded: %s", exc)
+            log.log(_said_level(), "git provenance not recorded: %s", exc)
         except Exception as exc:  # never break the SDK's start-up
-            log.warning("git provenance not recorded: %s: %s", type(exc).__name__, exc)
+            log.log(_said_level(), "git provenance not recorded: %s: %s", type(exc).__name__, exc)
         return Resource.get_empty()
+
+
+def _said_level() -> int:
+    """A trainer under ``otel-gpu run`` does not repeat the line its wrapper said for the job
+    (from the same working directory) into the job's output."""
+    return logging.DEBUG if os.environ.get(WATCHED_BY_ENV) else logging.WARNING

@@ -5,8 +5,11 @@ Started by the tracing pipeline in every ``trainer`` and ``node`` process. Base 
 
 - ``hello``: who this is (pid, rank, local rank, world size, version, the operations served);
 - ``progress``: the phase and step now, and the step ends after the caller's ``since``
-  sequence number (``[[seq, step, wall_time_s], ...]``, oldest first), and the training
-  numbers (``loss``, ``learning_rate``, ``grad_norm``, ``step_s``, ``samples_per_s``, ...).
+  sequence number (``[[seq, step, wall_time_s], ...]``, oldest first), the training
+  numbers (``loss``, ``learning_rate``, ``grad_norm``, ``step_s``, ``samples_per_s``, ...) and
+  the seconds spent in each phase (``phases_s``). Under ``otel-gpu run``
+  (``OTEL_GPU_WATCHED_BY`` set) the same reply is left at exit in ``progress-<pid>.json``, so
+  the steps that end after the wrapper's last poll are not lost.
 
 - ``stacks``: every thread's Python stack (:func:`otel_gpu.diagnose.stacks.handle_stacks`);
   and, for when the interpreter cannot run that, a ``faulthandler`` dump of all threads on
@@ -20,6 +23,8 @@ Other concerns (memory census, flight-recorder dumps) register their own operati
 
 from __future__ import annotations
 
+import atexit
+import json
 import logging
 import os
 import threading
@@ -27,7 +32,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from otel_gpu import __version__
-from otel_gpu.core.channel import ControlServer, Handler, socket_path
+from otel_gpu.core.channel import (
+    WATCHED_BY_ENV,
+    ControlServer,
+    Handler,
+    last_words_path,
+    socket_path,
+)
+from otel_gpu.core.private_files import open_private
 from otel_gpu.core.runtime_dir import runtime_dir
 from otel_gpu.diagnose import collectives, stacks
 from otel_gpu.tracing import context, progress
@@ -64,7 +76,28 @@ def _progress(request: Mapping[str, Any]) -> Mapping[str, Any]:
         "steps": [list(e) for e in ends],
         "lost": lost,  # step ends the ring no longer held
         "numbers": progress.numbers(),  # loss, learning_rate, grad_norm, step_s, ..._per_s
+        "phases_s": progress.phase_seconds(),  # seconds in each phase so far
     }
+
+
+def _leave_last_words(directory: str, pid: int) -> None:
+    """At exit, under ``otel-gpu run``: this process's final progress (every step end the ring
+    holds) in ``progress-<pid>.json`` beside its socket, with the socket's inode so the wrapper
+    takes it for this process only. Written whole or not at all (a temporary file renamed);
+    never raises."""
+    if os.getpid() != pid:
+        return  # a forked child exiting through atexit is not the one that served
+    try:
+        reply = dict(_progress({"since": 0}))
+        reply["pid"] = pid
+        reply["inode"] = os.stat(socket_path(directory, pid)).st_ino
+        path = last_words_path(directory, pid)
+        partial = f"{path}.{os.getpid()}.tmp"
+        with open_private(partial, "w", encoding="utf-8") as f:
+            json.dump(reply, f)
+        os.replace(partial, path)
+    except Exception:  # the job is ending: nothing of this may change how
+        log.debug("otel-gpu: final progress not left", exc_info=True)
 
 
 BASE_OPS: dict[str, Handler] = {
@@ -88,6 +121,9 @@ def serve() -> ControlServer | None:
         except Exception as exc:  # never harm the job: it runs on without the channel
             log.warning("otel-gpu: control socket not served in this process: %s", exc)
             return None
+        if os.environ.get(WATCHED_BY_ENV):
+            # registered after the server's own close, so it runs before the socket goes
+            atexit.register(_leave_last_words, directory, os.getpid())
         try:
             stacks.install_faulthandler(directory)
         except Exception:  # stacks then come from py-spy or the channel only

@@ -87,11 +87,18 @@ _step_s: float | None = None
 NUMBERS = ("loss", "grad_norm")
 _step_numbers: deque[tuple[int, int, float | None, float | None]] = deque(maxlen=STEP_RING)
 _step_numbers_seq = 0
+# Seconds spent in each phase (the innermost one counts), for the wrapper's summary: kept here,
+# where every phase change happens, rather than sampled by a poll that misses short phases.
+_phase_s: dict[str, float] = {}
+_phase_mark: float | None = None  # monotonic time the innermost phase was entered or resumed
+_clock = time.monotonic
 
 
 def _reset_after_fork() -> None:
     # A forked child is not the owner; it must report nothing (see module docstring).
-    global _step, _step_seq, _step_s, _step_numbers_seq
+    global _step, _step_seq, _step_s, _step_numbers_seq, _lock, _phase_mark
+    _lock = threading.Lock()  # another thread of the parent may have held it at the fork
+    _phase_mark = None
     _step = None
     _phases.clear()
     _step_ends.clear()
@@ -101,6 +108,7 @@ def _reset_after_fork() -> None:
     _step_s = None
     _step_numbers.clear()
     _step_numbers_seq = 0
+    _phase_s.clear()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
@@ -201,11 +209,23 @@ def current_step() -> int | None:
     return _step
 
 
+def _charge_phase() -> None:
+    """Credit the innermost phase with the time since it was entered or resumed (under
+    ``_lock``, before the phases change)."""
+    global _phase_mark
+    now = _clock()
+    if _phases and _phase_mark is not None:
+        _phase_s[_phases[-1]] = _phase_s.get(_phases[-1], 0.0) + (now - _phase_mark)
+    _phase_mark = now
+
+
 def push_phase(name: str) -> str | None:
     """Enter a phase; returns the canonical phase pushed, or None if ``name`` is not one."""
     phase = PHASE_ALIASES.get(name.lower())
     if phase is not None:
-        _phases.append(phase)
+        with _lock:
+            _charge_phase()
+            _phases.append(phase)
     return phase
 
 
@@ -213,10 +233,21 @@ def pop_phase(phase: str | None) -> None:
     """Leave ``phase`` (the value :func:`push_phase` returned)."""
     if phase is None:
         return
-    for i in range(len(_phases) - 1, -1, -1):
-        if _phases[i] == phase:
-            del _phases[i]
-            return
+    with _lock:
+        for i in range(len(_phases) - 1, -1, -1):
+            if _phases[i] == phase:
+                _charge_phase()
+                del _phases[i]
+                return
+
+
+def phase_seconds() -> dict[str, float]:
+    """Seconds spent in each phase so far, the innermost counting, the current one included."""
+    with _lock:
+        out = dict(_phase_s)
+        if _phases and _phase_mark is not None:
+            out[_phases[-1]] = out.get(_phases[-1], 0.0) + (_clock() - _phase_mark)
+    return {k: round(v, 3) for k, v in out.items()}
 
 
 def current_phase() -> str | None:
@@ -242,7 +273,9 @@ def expect_training() -> None:
     global _load_reported
     if _load_started_ns is not None and not _load_reported:
         _load_reported = True
-        _phases.append(PHASE_LOAD)
+        with _lock:
+            _charge_phase()
+            _phases.append(PHASE_LOAD)
 
 
 def take_load_started() -> int | None:

@@ -99,8 +99,11 @@ def _decorate(ax: Axes, run: Run, subjects: set[str]) -> None:
 
 
 def _label(ax: Axes, run: Run, ylabel: str, title: str) -> None:
-    """A figure's time axis (in the run's unit), its ``ylabel``, ``title`` and grid."""
-    _, unit = _scale(run)
+    """A figure's time axis (in the run's unit, the whole run, so that the figures of a run
+    line up one above the other), its ``ylabel``, ``title`` and grid."""
+    per, unit = _scale(run)
+    if run.end > run.start:
+        ax.set_xlim(0.0, (run.end - run.start) / per)
     ax.set_xlabel(f"time since start ({unit})")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
