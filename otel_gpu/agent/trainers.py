@@ -230,20 +230,11 @@ class TrainerProgress:
         phase, step = reply.get("phase"), reply.get("step")
         state.phase = phase if isinstance(phase, str) else None
         state.step = step if isinstance(step, int) and not isinstance(step, bool) else None
-        numbers = reply.get("numbers")
-        if isinstance(numbers, dict):
-            state.numbers = {
-                k: float(v)
-                for k, v in numbers.items()
-                if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
-            }
-        phases = reply.get("phases_s")
-        if isinstance(phases, dict):
-            state.phases_s = {
-                k: float(v)
-                for k, v in phases.items()
-                if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
-            }
+        numbers, phases = _numbers(reply.get("numbers")), _numbers(reply.get("phases_s"))
+        if numbers is not None:
+            state.numbers = numbers
+        if phases is not None:
+            state.phases_s = phases
         seq = reply.get("seq")
         ends = [e for e in reply.get("steps") or [] if _after(e, state.seq)]
         lost = reply.get("lost")
@@ -336,6 +327,17 @@ class TrainerProgress:
             out["processes"] = max(trainers, self._answered)
             out["last"] = {k: round(v, 6) for k, v in best.numbers.items()}
         return out
+
+
+def _numbers(found: Any) -> dict[str, float] | None:
+    """A reply's ``{name: number}`` (anything else in it passed over); None when not a dict."""
+    if not isinstance(found, dict):
+        return None
+    return {
+        k: float(v)
+        for k, v in found.items()
+        if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 def _after(end: Any, seq: int) -> bool:
