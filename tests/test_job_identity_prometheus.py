@@ -23,7 +23,7 @@ import os, time
 import otel_gpu
 rank = int(os.environ["RANK"])
 for n in range(1, 400):
-    otel_gpu.step(100 * (rank + 1) + n)
+    otel_gpu.step(10_000 * (rank + 1) + n)  # apart whatever the pace: 10001.. and 20001..
     time.sleep(0.05)
 """
 
@@ -60,10 +60,10 @@ def test_two_ranks_series_stay_apart_with_one_job_key(tmp_path: Path) -> None:
             assert {s["metric"]["otel_gpu_job_id"] for s in info} == {job}  # one job key
             steps = prom.wait_for('count(training_step{job="ranks"}) == 2', timeout_s=30)
             assert steps, prom.log()
-            series = prom.query('training_step{job="ranks"} > 100')
+            series = prom.query('training_step{job="ranks"} > 10000')
             assert len(series) == 2 and len({s["metric"]["instance"] for s in series}) == 2
             values = sorted(float(s["value"][1]) for s in series)
-            assert values[0] < 200 < values[1]  # rank 0's steps and rank 1's, not mixed
+            assert values[0] < 20_000 < values[1]  # rank 0's steps and rank 1's, not mixed
     finally:
         for p in ranks:
             p.kill()
