@@ -357,3 +357,19 @@ def test_the_trainer_counts_its_phases_innermost_first(monkeypatch: pytest.Monke
 )  # fmt: skip
 def test_the_view_names_the_job_not_its_launcher(cmd: list[str], title: str) -> None:
     assert job_title(cmd) == title
+
+
+@pytest.mark.unit
+def test_last_words_count_for_a_trainer_that_ended_before_its_first_answer(tmp_path: Path) -> None:
+    Path(socket_path(str(tmp_path), 300)).write_text("")
+
+    def busy(path: str, op: str, timeout_s: float, **args: Any) -> dict[str, Any]:
+        raise ChannelError("no answer within 0.25 s")  # importing torch, on a loaded machine
+
+    progress = TrainerProgress(str(tmp_path), send=busy)
+    progress.on_snapshot(_snap(1.0, [300]))
+    assert progress.summary() is None  # it never answered
+    _last_words(tmp_path, 300, 5, [1, 2, 3, 4, 5], rank=0, phases_s={"train": 1.5})
+    progress.on_snapshot(_snap(2.0, []))
+    summary = progress.summary()
+    assert summary is not None and (summary["steps"], summary["processes"]) == (5, 1)

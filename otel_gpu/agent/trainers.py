@@ -195,9 +195,7 @@ class TrainerProgress:
 
     def _take_last_words(self, state: TrainerState) -> None:
         """Take (and remove) the final progress ``state``'s process left at exit, if it is
-        that process's: the same socket inode."""
-        if not state.hello:
-            return
+        that process's: the same socket inode (also when it ended before its first poll)."""
         path = last_words_path(self.directory, state.pid)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -219,6 +217,12 @@ class TrainerProgress:
         seq = reply.get("seq")
         newest = seq if isinstance(seq, int) else state.seq
         reply["lost"] = max(0, (ends[0][0] if ends else newest + 1) - state.seq - 1)
+        if not state.hello:
+            rank = reply.get("rank")
+            state.rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+            state.hello = True
+            with self._lock:
+                self._answered += 1
         self._take(state, reply)
         with self._lock:
             best = self._best
