@@ -125,6 +125,7 @@ def configure(
         auto_instrumentation_version,
         shutdown_timeout_s=agent_settings.shutdown_timeout_s,
         process_command=agent_settings.process_command,
+        collective_timing=settings.collective_timing,
     )
     if role == context.NODE:
         from otel_gpu.commands.known_env import warn_unknown

@@ -108,8 +108,12 @@ TRAINER = textwrap.dedent(
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
     assert progress.register(provider) and progress.register_torch(torch, provider)
+    from otel_gpu.tracing import collective_timing
+    dist = SimpleNamespace(barrier=lambda group=None, async_op=False: time.sleep(0.002))
+    assert collective_timing.install(dist)  # the step splits into collective wait and work
     progress.set_step(2)
     time.sleep(0.01)
+    dist.barrier()
     progress.set_step(3)
     progress.set_numbers({"loss": 1.5, "lr": 1e-4, "grad_norm": 2.0, "samples": 8, "tokens": 64})
     progress.push_phase("train")

@@ -1,6 +1,6 @@
 """Stragglers (issue 22.2), the judging part: per-rank work per window, MAD-based naming in k of
 n windows, a job-wide slowdown told apart from one slow rank. Synthetic per-rank step times on
-the data's own clock (the in-process collective timing and the torchrun job are not built yet)."""
+the data's own clock (the real torchrun job, through the processor: tests/test_straggler_job.py)."""
 
 from __future__ import annotations
 
@@ -59,6 +59,18 @@ def test_all_ranks_slowing_together_is_a_job_slowdown_not_a_straggler() -> None:
     judge, found = _job(400, lambda r, i: 0.1 if i < 150 else 0.25)
     assert [a.evidence["rule"] for _t, a in found] == [JOB_SLOWDOWN]
     assert "whole job slowed down" in found[0][1].message and judge.named == set()
+
+
+def test_a_lasting_slowdown_is_the_new_pace_and_ranks_are_judged_again() -> None:
+    # every rank 2.5x slower from step 100 on; rank 3 alone 3x slower again from step 400
+    def work(r: int, i: int) -> float:
+        base = 0.1 if i < 100 else 0.25
+        return base * 3 if r == 3 and i >= 400 else base
+
+    judge, found = _job(700, work)
+    rules = [(a.evidence["rule"], a.evidence.get("rank")) for _t, a in found]
+    assert rules == [(JOB_SLOWDOWN, None), (STRAGGLER, 3.0)]
+    assert 400 < found[1][0] < 400 + 150 and judge.named == {3}
 
 
 def test_too_few_ranks_judge_nothing() -> None:

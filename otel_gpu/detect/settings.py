@@ -234,6 +234,42 @@ class DetectConfig:
         "consecutive steps a gradient norm must vanish or explode for",
     )  # fmt: skip
 
+    # --- stragglers: one rank slower than the rest of its job (the processor, per job) -------
+    straggler_enabled: bool = _declare(
+        True, boolean, "judge each job's ranks for a straggler (the processor: it sees every rank)"
+    )
+    straggler_window_s: float = _declare(
+        30.0, _POSITIVE, "window in which each rank's median work is compared with the job's"
+    )
+    straggler_k: int = _declare(
+        3, number(1, integer=True, accepted="expected an integer >= 1"),
+        "windows a rank must be slow in, of the last straggler_n, to be named",
+    )  # fmt: skip
+    straggler_n: int = _declare(
+        5, number(1, integer=True, accepted="expected an integer >= 1"),
+        "the windows straggler_k counts in",
+    )  # fmt: skip
+    straggler_z: float = _declare(
+        3.5,
+        _POSITIVE,
+        "a rank is slow in a window when (work - median) / (1.4826 MAD) is above this ...",
+    )
+    straggler_min_ratio: float = _declare(
+        1.25,
+        number(1, accepted="expected a number >= 1"),
+        "... and its work is at least this many times the job's median",
+    )
+    straggler_job_ratio: float = _declare(
+        1.5,
+        number(1, low_open=True, accepted="expected a number > 1"),
+        "the job's median work this many times its recent baseline is a job-wide slowdown "
+        "(one alert, no rank named)",
+    )
+    straggler_min_ranks: int = _declare(
+        3, number(3, integer=True, accepted="expected an integer >= 3"),
+        "fewer ranks reporting in a window: the window is not judged",
+    )  # fmt: skip
+
     def __post_init__(self) -> None:
         self.validate()
 
@@ -241,6 +277,11 @@ class DetectConfig:
         """Raise UsageError naming the first setting that is out of range."""
         for s in DECLARED:
             s.parse(getattr(self, s.name), s.name)
+        if self.straggler_k > self.straggler_n:
+            raise UsageError(
+                f"straggler_k={self.straggler_k}: expected at most straggler_n "
+                f"({self.straggler_n}): a rank is named when slow in k of the last n windows"
+            )
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], source: str = "config") -> DetectConfig:

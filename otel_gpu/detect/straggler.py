@@ -15,7 +15,9 @@ window every ``window_s`` and, per window:
   not make a straggler: a window's median ignores them);
 * the **job slowed down** when the job's median work rose to ``job_ratio`` × the median of its
   previous windows (a change point on the job's step time, as Greyhound / FALCON do): one job
-  alert, and no rank is named for that window, since all ranks slowed together.
+  alert, and no rank is named for that window, since all ranks slowed together. A slowdown that
+  lasts more than ``n`` windows is the job's new pace: the baseline starts again from it, and
+  ranks are judged again.
 
 Alerts come once per episode (a named rank re-arms once it is no longer slow in k of n).
 The caller (the processor's per-job view, or a node agent that sees all local ranks) supplies
@@ -44,6 +46,7 @@ class StragglerConfig:
     mad_floor: float = 0.02  # MAD floor, as a fraction of the median
     job_ratio: float = 1.5  # job median over its recent baseline that is a job-wide slowdown
     min_ranks: int = 3  # fewer ranks: no median to compare with
+    max_samples: int = 10_000  # per rank per window (the oldest go first): bounded state
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +69,22 @@ class StragglerJudge:
         self._named: set[int] = set()
         self._job_medians: deque[float] = deque(maxlen=8)
         self._job_slow = False
+        self._slow_run = 0  # windows in a row the job has been slow
         self.info: dict[int, RankInfo] = {}
+        self.windows = 0  # windows closed so far
+        self.closed_at: float | None = None  # data time the last window closed
 
     @property
     def named(self) -> set[int]:
         return set(self._named)
+
+    def is_named(self, rank: int) -> bool:
+        return rank in self._named
+
+    @property
+    def job_slowed(self) -> bool:
+        """The last window closed was a job-wide slowdown."""
+        return self._job_slow
 
     def add(
         self, time: float, rank: int, work_s: float, info: RankInfo | None = None
@@ -81,10 +95,11 @@ class StragglerJudge:
             self._start = time
         while time >= self._start + self.cfg.window_s:
             self._start += self.cfg.window_s
+            self.closed_at = self._start
             out.extend(self._close(self._start))
         if work_s >= 0 and work_s == work_s:  # not NaN
             self._steps.setdefault(rank, []).append(work_s)
-            if len(self._steps[rank]) > 10_000:
+            if len(self._steps[rank]) > self.cfg.max_samples:
                 del self._steps[rank][0]
         if info is not None:
             self.info[rank] = info
@@ -92,6 +107,7 @@ class StragglerJudge:
 
     def _close(self, at: float) -> list[Alert]:
         cfg = self.cfg
+        self.windows += 1
         steps, self._steps = self._steps, {}
         work = {r: statistics.median(v) for r, v in steps.items() if v}
         if len(work) < cfg.min_ranks:
@@ -102,6 +118,10 @@ class StragglerJudge:
         out: list[Alert] = []
         baseline = statistics.median(self._job_medians) if len(self._job_medians) >= 2 else None
         job_slow = baseline is not None and med >= cfg.job_ratio * baseline
+        self._slow_run = self._slow_run + 1 if job_slow else 0
+        if self._slow_run > cfg.n:  # slow for longer than n windows: the job's new pace
+            self._job_medians.clear()
+            job_slow = False
         if job_slow and not self._job_slow:
             out.append(self._job_alert(at, med, baseline or med))
         self._job_slow = job_slow

@@ -12,6 +12,10 @@ the decoder, once each), each holding one pending point; subjects silent for ``t
 evicted (:meth:`Assembler.evict`). Each reporter identity is owned by the peer that sent its
 first subject (:attr:`Assembler.owners`, until its subjects are all evicted), and each
 subject remembers that peer.
+
+The straggler judge's points (a rank's work per step, a GPU's facts) are no subject's: they go
+to :attr:`Assembler.stragglers` as they come (processor/stragglers.py), with the GPU of each
+reporter's torch series (the GPU a rank computes on).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from otel_gpu.processor.decode import (
     F_PROCS,
     F_STEP,
     PROCESS_GPU,
+    TORCH,
     ResourceInfo,
 )
 
@@ -128,6 +133,7 @@ class Assembler:
         self.overflow = 0  # points of subjects refused by the cap
         self.late = 0  # points older than their subject's pending/emitted time
         self.emitted = 0  # Points handed to emit
+        self.stragglers: Any = None  # processor/stragglers.py's Stragglers, when judged
 
     def __len__(self) -> int:
         return len(self._series)
@@ -187,6 +193,16 @@ class Assembler:
         elif time_ns >= job.step_t:
             job.step_t, job.step = time_ns, value
 
+    def put_work(self, res: ResourceInfo, time_ns: int, value: float) -> None:
+        """training.step.work of a rank (the decoder's Sink)."""
+        if self.stragglers is not None:
+            self.stragglers.work(res, time_ns, value, self.peer, self.now)
+
+    def put_fact(self, hw_id: str, metric: str, selector: str, time_ns: int, value: float) -> None:
+        """A GPU fact a straggler alert quotes (the decoder's Sink)."""
+        if self.stragglers is not None:
+            self.stragglers.fact(hw_id, metric, selector, time_ns, value, self.now)
+
     def _get(
         self, res: ResourceInfo, kind: str, hw_id: str | None, pid: int | None
     ) -> _Series | None:
@@ -213,6 +229,8 @@ class Assembler:
             attrs = subject_attributes(kind, hw_id, pid)
             s = self._series[key] = _Series(Subject(name, kind, res, attrs, hw_id, pid, peer))
             s.seen = self.now
+            if kind == TORCH and hw_id and self.stragglers is not None:
+                self.stragglers.device(res.label, hw_id, self.now)
         return s
 
     def _flush(self, s: _Series) -> None:

@@ -37,13 +37,20 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otel_gpu.core.signals import (
+    CLOCK_DOMAIN,
     COUNT,
     FEEDS,
+    GPU_CLOCK,
     GPU_INDEX,
+    GPU_PCIE,
+    GPU_THROTTLE,
     HW_ID,
+    IO_DIRECTION,
     JOB,
     PHASE,
     PROCESS_PID,
+    THROTTLE_REASON,
+    TRAINING_STEP_WORK,
     VALUE,
 )
 from otel_gpu.detect.model import ROW_FIELDS
@@ -85,7 +92,19 @@ def _routes() -> dict[str, Route]:
     return routes
 
 
-ROUTES = _routes()  # metric name -> route
+# Beside the engine's routes, the straggler judge's (processor/stragglers.py), which feed no
+# Point field: each rank's work per step (the rank is on its resource), and the facts of a GPU
+# that a straggler alert quotes (its SM clock, throttle reasons and PCIe throughput; its
+# temperature and power come with the engine's GPU points).
+RANK = "rank"
+GPU_FACT = "gpu_fact"
+SIDE_ROUTES = {
+    TRAINING_STEP_WORK.name: Route(RANK, None, {}),
+    GPU_CLOCK.name: Route(GPU_FACT, CLOCK_DOMAIN, {}),
+    GPU_THROTTLE.name: Route(GPU_FACT, THROTTLE_REASON, {}),
+    GPU_PCIE.name: Route(GPU_FACT, IO_DIRECTION, {}),
+}
+ROUTES = {**_routes(), **SIDE_ROUTES}  # metric name -> route
 # (subject kind, field) of the series that each count one process holding their GPU
 COUNTED = frozenset(
     (v.subject, ROW_FIELDS.index(v.field))
@@ -96,8 +115,10 @@ COUNTED = frozenset(
 )
 _SELECT_KEYS = frozenset(r.key for r in ROUTES.values() if r.key is not None)
 
-# The resource attribute naming the job a reporter belongs to (core/job_identity.py).
+# The resource attribute naming the job a reporter belongs to (core/job_identity.py), and the
+# reporter's rank in it (resource/job.py).
 JOB_ID_KEY = "otel_gpu.job.id"
+JOB_RANK_KEY = "otel_gpu.job.rank"
 # Resource attributes that identify a reporter, in the order they appear in subject names.
 IDENTITY_KEYS = (
     "service.namespace",
@@ -130,6 +151,7 @@ class ResourceInfo:
     # so the phase and step a trainer process reports also apply to the GPUs an agent process
     # beside it reports.
     job: str = ""
+    rank: int | None = None  # otel_gpu.job.rank: the reporter's place in its job
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +179,12 @@ class Sink(Protocol):
     def put(self, target: Any, time_ns: int, value: float) -> None: ...
 
     def put_job(self, res: ResourceInfo, time_ns: int, fld: int, value: float | str) -> None: ...
+
+    def put_work(self, res: ResourceInfo, time_ns: int, value: float) -> None: ...
+
+    def put_fact(
+        self, hw_id: str, metric: str, selector: str, time_ns: int, value: float
+    ) -> None: ...
 
 
 _SKIP = object()  # a routed metric's point the detectors do not use (e.g. encoder utilization)
@@ -208,11 +236,16 @@ def resource_info(raw: bytes) -> ResourceInfo:
         res = Resource()
     found: dict[str, str | int] = {}
     job_id: str | None = None
+    rank: int | None = None
     for kv in res.attributes:
         if kv.key == JOB_ID_KEY and job_id is None:
             v = _any_value(kv.value)
             if isinstance(v, str) and v:
                 job_id = _cut(v)
+        elif kv.key == JOB_RANK_KEY and rank is None:
+            v = _any_value(kv.value)
+            if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 31:
+                rank = v
         if kv.key in IDENTITY_KEYS and kv.key not in found:
             v = _any_value(kv.value)
             if isinstance(v, (str, int)) and not isinstance(v, bool):
@@ -229,7 +262,7 @@ def resource_info(raw: bytes) -> ResourceInfo:
         # Nothing identifies the reporter: name it by its resource bytes so that two
         # anonymous reporters still get separate subjects.
         label = job = "resource=" + hashlib.blake2b(raw, digest_size=6).hexdigest()
-    return ResourceInfo(label, attrs, job)
+    return ResourceInfo(label, attrs, job, rank)
 
 
 def point_attrs(encoded: Iterable[bytes]) -> PointAttrs:
@@ -286,6 +319,17 @@ class MetricsDecoder:
 
     def _resolve(self, sink: Sink, res: ResourceInfo, route: Route, pa: PointAttrs) -> Any:
         """What to do with points of this attribute set (cached by the caller)."""
+        if route.kind == RANK:
+            return ("work",) if res.rank is not None else _SKIP
+        if route.kind == GPU_FACT:
+            selector = pa.selectors.get(route.key or "")
+            if (
+                pa.hw_id is None
+                or selector is None
+                or (route.key == CLOCK_DOMAIN and selector != "sm")
+            ):
+                return _SKIP
+            return ("fact", pa.hw_id, route.key, selector)
         fld = route.fields.get(None if route.key is None else pa.selectors.get(route.key))
         if fld is None:
             return _SKIP  # e.g. encoder utilization, corrected ECC errors
@@ -414,11 +458,16 @@ class MetricsDecoder:
                         if tg is _OVERFLOW:
                             sink.overflow += 1
                         elif type(tg) is tuple:
-                            if tg[0] == "phase":
+                            tag = tg[0]
+                            if tag == "phase":
                                 if v > 0:
                                     sink.put_job(res, t, F_PHASE, tg[1])
-                            else:
+                            elif tag == "step":
                                 sink.put_job(res, t, F_STEP, float(v))
+                            elif tag == "work":
+                                sink.put_work(res, t, float(v))
+                            else:
+                                sink.put_fact(tg[1], tg[2], tg[3], t, float(v))
                         else:
                             put(tg, t, float(v))
         out.points = accepted

@@ -10,6 +10,9 @@ closes only once the problem stopped; a subject that stops sending keeps its sta
 agent already judges (it exports their ``otel_gpu.breaker.state``, see watched.py) are left to
 that agent: one problem, one notification.
 
+Stragglers (processor/stragglers.py) are judged per job beside the engine, from the ranks'
+work per step; their alerts join the engine's here, on the same path.
+
 Two clocks: judgement is on data time (each point's timestamp), housekeeping (the assembly
 grace, forgetting silent subjects, the detector-metrics cadence) on the injected monotonic
 ``clock``, so a wall-clock step neither evicts every subject nor holds points back. The wall
@@ -30,9 +33,10 @@ from otel_gpu.detect.engine import Engine
 from otel_gpu.detect.model import LEAK, Alert, Point
 from otel_gpu.processor import outputs
 from otel_gpu.processor.assemble import Assembler, Subject
-from otel_gpu.processor.decode import Decoded, MetricsDecoder
+from otel_gpu.processor.decode import DEVICE, Decoded, MetricsDecoder
 from otel_gpu.processor.settings import ProcessorConfig
 from otel_gpu.processor.store import Batch, StateStore
+from otel_gpu.processor.stragglers import Stragglers, straggler_config
 from otel_gpu.processor.watched import WatchedSubjects
 from otel_gpu.processor.wire import LOGS_EXPORT, METRICS_EXPORT
 
@@ -63,6 +67,9 @@ class DetectionStats:
     cap_refused: int = 0  # new subjects refused because --max-series subjects were tracked
     peer_refused: int = 0  # new subjects refused by a peer's --max-series-per-peer quota
     vouch_refused: int = 0  # breaker points of a reporter identity another peer owns
+    straggler_jobs: int = 0  # jobs whose ranks are judged for a straggler now
+    straggler_ranks: int = 0  # ranks judged now (over all jobs)
+    straggler_refused: int = 0  # ranks refused by --max-series / --max-series-per-peer
 
 
 def _output(s: Subject) -> outputs.SubjectOutput:
@@ -109,6 +116,16 @@ class Detection:
             per_peer=config.max_series_per_peer,
         )
         self._owners = self._assembler.owners  # reporter label -> peer: bound once, shared
+        self._stragglers: Stragglers | None = None
+        if engine.config.straggler_enabled:
+            self._stragglers = Stragglers(
+                straggler_config(engine.config),
+                config.max_series,
+                config.max_series_per_peer,
+                config.max_series,
+                config.series_ttl_s,
+            )
+            self._assembler.stragglers = self._stragglers
         self._cap_full_at: float | None = None  # monotonic time --max-series last refused one
         self._cap_warned = False  # logged in this episode (until the cap has room again)
         self._quota_warned: set[str] = set()  # peers logged at their quota (bounded)
@@ -195,6 +212,8 @@ class Detection:
                 self._last_evict = now
                 for subject in self._assembler.evict(now):
                     self.engine.forget(subject.name)
+                if self._stragglers is not None:
+                    self._stragglers.evict(now)
                 self._watched.expire(now)
                 if len(self._assembler) < self.config.max_series:
                     self._cap_warned = False
@@ -212,6 +231,13 @@ class Detection:
             s.cap_refused, s.peer_refused = a.cap_refused, a.peer_refused
             s.agent_watched = len(self._watched)
             s.vouch_refused = self._watched.refused
+            st = self._stragglers
+            if st is not None:
+                s.straggler_jobs, s.straggler_ranks, s.straggler_refused = (
+                    st.jobs,
+                    st.ranks,
+                    st.refused,
+                )
             return s
 
     def problem(self) -> str | None:
@@ -229,6 +255,9 @@ class Detection:
 
     def _on_point(self, subject: Subject, point: Point) -> None:
         name = subject.name
+        if subject.kind == DEVICE and self._stragglers is not None and subject.hw_id:
+            # what a straggler alert quotes of the GPU (whoever judges it)
+            self._stragglers.gpu_point(subject.hw_id, point, self._assembler.now)
         vouched = self._agent_subjects.get(name)
         # Left to an agent only on the word of the peer that owns the subject's reporter
         # identity: another client's breaker points cannot silence detection for it.
@@ -267,8 +296,23 @@ class Detection:
             return lambda _name: own
         return lambda _name: kinds
 
+    def _stragglers_judged(self) -> None:
+        """The straggler judge's alerts, and its windows' breaker times (under the lock)."""
+        st = self._stragglers
+        if st is None or not st.pending:
+            return
+        alerts, advances = st.take()
+        for subject, a in alerts:
+            self._alerts.append((subject, a))
+            for t in self.breaker.record_alert(a):
+                self._transitions.append((subject, t))
+        for subject, at in advances:
+            for t in self.breaker.advance(subject.name, at, st.active):
+                self._transitions.append((subject, t))
+
     def _publish(self, now: float) -> None:
         """Persist, act on and send the events of the last request (under the lock)."""
+        self._stragglers_judged()
         if not self._alerts and not self._transitions:
             return
         alerts, self._alerts = self._alerts, []

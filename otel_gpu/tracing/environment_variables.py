@@ -21,6 +21,11 @@ OTEL_GPU_STOP_SYNC_STEPS = "OTEL_GPU_STOP_SYNC_STEPS"
 """Under DDP, ranks agree on a stop request every this many steps (default 10): one all-reduce
 of one integer each time."""
 
+OTEL_GPU_COLLECTIVE_TIMING = "OTEL_GPU_COLLECTIVE_TIMING"
+"""``true`` (default) times the blocking ``torch.distributed`` collectives on the CPU, for
+``training.step.collective_wait`` and ``training.step.work`` (the straggler judge's input);
+``false`` leaves ``torch.distributed`` untouched."""
+
 OTEL_GPU_TRAIN_TRACEPARENT = "OTEL_GPU_TRAIN_TRACEPARENT"
 """W3C ``traceparent`` of the run's ``train`` root span. Set by the first instrumented process
 (the launcher) for its children; set it yourself to the same value on every node to get one

@@ -47,6 +47,7 @@ from otel_gpu.core.otlp import (
 from otel_gpu.core.redact import COMMAND_REDACTED
 from otel_gpu.core.redact_sdk import RedactingLogProcessor, redact_resource
 from otel_gpu.core.shutdown import close_all
+from otel_gpu.tracing import collective_timing as timing
 from otel_gpu.tracing import context, ids, inprocess, memory_ops, progress
 
 log = logging.getLogger("otel_gpu.distro")
@@ -71,10 +72,12 @@ def build(
     *,
     shutdown_timeout_s: float = 5.0,
     process_command: str = COMMAND_REDACTED,
+    collective_timing: bool = True,
 ) -> Setup:
     """Providers, exporters and training instruments, set as the global ones. The node agent
     of a ``node`` process is composed by :mod:`otel_gpu.distro`, which sets ``Setup.agent``.
-    ``process_command``: what the resource's command attributes hold (``OTEL_GPU_PROCESS_COMMAND``)."""
+    ``process_command``: what the resource's command attributes hold (``OTEL_GPU_PROCESS_COMMAND``);
+    ``collective_timing``: time torch.distributed's collectives (``OTEL_GPU_COLLECTIVE_TIMING``)."""
     setup = Setup(role)
     setup.shutdown_timeout_s = shutdown_timeout_s
     progress.mark_load_started()
@@ -113,6 +116,7 @@ def build(
 
     progress.register(meter_provider)
     _hook_torch(meter_provider)
+    timing.hook(collective_timing)  # training.step.work / .collective_wait, once torch loads
     inprocess.serve()  # what otel-gpu may ask this process (docs/inprocess.md)
     memory_ops.register()  # memory.census: leak attribution, `otel-gpu diagnose memory`
     atexit.register(shutdown, setup)

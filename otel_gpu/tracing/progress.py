@@ -1,6 +1,7 @@
 """Training progress as metrics: ``training.step``, ``training.phase``, the training numbers
 (``training.loss``, ``training.learning_rate``, ``training.grad_norm``, step time, samples and
-tokens per second) and torch's allocator.
+tokens per second, and how a step splits between work and waiting in collectives) and torch's
+allocator.
 
 The job's threads only assign Python variables here (:func:`set_step`, :func:`push_phase`);
 the observable callbacks run on the metric reader's thread and read those variables. Every
@@ -40,7 +41,9 @@ from otel_gpu.core.signals import (
     TRAINING_PHASE,
     TRAINING_SAMPLES_RATE,
     TRAINING_STEP,
+    TRAINING_STEP_COLLECTIVE_WAIT,
     TRAINING_STEP_DURATION,
+    TRAINING_STEP_WORK,
     TRAINING_TOKENS_RATE,
     observable,
 )
@@ -51,6 +54,7 @@ from otel_gpu.detect.model import (
     PHASE_SAVE,
     PHASE_TRAIN,
 )
+from otel_gpu.tracing import collective_timing
 
 log = logging.getLogger("otel_gpu.tracing")
 
@@ -81,6 +85,12 @@ PER_STEP_NAMES = ("samples", "tokens")
 _numbers: dict[str, float] = {}
 _per_step: dict[str, float] = {}
 _step_s: float | None = None
+# How the last step split (seconds waiting in timed collectives, seconds of work: the rest),
+# once collectives were timed (tracing/collective_timing.py); one tuple, assigned at once, so a
+# reader never pairs one step's wait with another's work. _wait_mark: the timing's total at
+# the last step end.
+_split: tuple[float, float] | None = None
+_wait_mark: float | None = None
 # The numbers the numerics detector judges, (sequence number, step, loss, grad norm) as logged
 # for each step (NaN and infinities kept: they are the finding), read by the in-process agent
 # with a cursor like the step ends.
@@ -96,7 +106,7 @@ _clock = time.monotonic
 
 def _reset_after_fork() -> None:
     # A forked child is not the owner; it must report nothing (see module docstring).
-    global _step, _step_seq, _step_s, _step_numbers_seq, _lock, _phase_mark
+    global _step, _step_seq, _step_s, _step_numbers_seq, _split, _wait_mark, _lock, _phase_mark
     _lock = threading.Lock()  # another thread of the parent may have held it at the fork
     _phase_mark = None
     _step = None
@@ -106,6 +116,7 @@ def _reset_after_fork() -> None:
     _numbers.clear()
     _per_step.clear()
     _step_s = None
+    _split = _wait_mark = None
     _step_numbers.clear()
     _step_numbers_seq = 0
     _phase_s.clear()
@@ -121,13 +132,18 @@ def in_owner() -> bool:
 
 def set_step(step: int) -> None:
     """The current global step (optimizer steps done); a new value is a step's end."""
-    global _step, _step_seq, _step_s
+    global _step, _step_seq, _step_s, _split, _wait_mark
     step = int(step)
     if step != _step:
         now = time.time()
+        calls, waited = collective_timing.totals()
         last = _step_ends[-1] if _step_ends else None
         if last is not None and step > last[1] and now > last[2]:
             _step_s = (now - last[2]) / (step - last[1])
+            if calls and _wait_mark is not None:
+                wait = (waited - _wait_mark) / (step - last[1])
+                _split = (wait, max(0.0, _step_s - wait))
+        _wait_mark = waited
         _step_seq += 1
         _step_ends.append((_step_seq, step, now))  # deque.append: atomic under the GIL
     _step = step
@@ -147,13 +163,17 @@ def set_numbers(values: Mapping[str, float]) -> None:
 def numbers() -> dict[str, float]:
     """The training numbers now: ``loss``, ``learning_rate``, ``grad_norm`` (each once
     logged), ``step_s`` (seconds per step over the last step), ``samples_per_s`` and
-    ``tokens_per_s`` (when the trainer said how many a step takes)."""
+    ``tokens_per_s`` (when the trainer said how many a step takes), ``collective_wait_s`` and
+    ``work_s`` (of the last step, once a collective was timed)."""
     out = dict(_numbers)
     step_s = _step_s
     if step_s is not None:
         out["step_s"] = step_s
         for key, count in list(_per_step.items()):
             out[f"{key}_per_s"] = count / step_s
+    split = _split
+    if split is not None:
+        out["collective_wait_s"], out["work_s"] = split
     return out
 
 
@@ -320,6 +340,8 @@ NUMBER_SIGNALS = (
     (TRAINING_LEARNING_RATE, "learning_rate"),
     (TRAINING_GRAD_NORM, "grad_norm"),
     (TRAINING_STEP_DURATION, "step_s"),
+    (TRAINING_STEP_COLLECTIVE_WAIT, "collective_wait_s"),
+    (TRAINING_STEP_WORK, "work_s"),
     (TRAINING_SAMPLES_RATE, "samples_per_s"),
     (TRAINING_TOKENS_RATE, "tokens_per_s"),
 )

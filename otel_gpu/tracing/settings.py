@@ -15,6 +15,7 @@ from otel_gpu.core.errors import UsageError
 from otel_gpu.core.settings import Setting, boolean, choice, number, resolve
 from otel_gpu.tracing import context
 from otel_gpu.tracing.environment_variables import (
+    OTEL_GPU_COLLECTIVE_TIMING,
     OTEL_GPU_ROLE,
     OTEL_GPU_STEP_SPANS_EVERY,
     OTEL_GPU_STOP,
@@ -45,6 +46,13 @@ DECLARED = (
         "under DDP, ranks agree on a stop every this many steps (one all-reduce of one integer)",
         "`10`",
     ),
+    Setting(
+        "collective_timing", OTEL_GPU_COLLECTIVE_TIMING, boolean,
+        "time the blocking `torch.distributed` collectives on the CPU "
+        "(`training.step.collective_wait`, `training.step.work`: the straggler alert's input); "
+        "`false` leaves `torch.distributed` untouched",
+        "`true`",
+    ),
 )  # fmt: skip
 
 
@@ -56,6 +64,7 @@ class TracingSettings:
     step_spans_every: int = 1  # a step span for every Nth step; 0 = none
     stop_enabled: bool = False  # request_stop() may checkpoint and stop the trainer
     stop_sync_steps: int = 10  # DDP agreement period, in optimizer steps
+    collective_timing: bool = True  # wrap torch.distributed's collectives (collective_timing.py)
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None) -> TracingSettings:

@@ -173,3 +173,65 @@ def agent_request(
             for k, a in attrs:
                 dp.attributes.append(_kv(k, a))
     return req
+
+
+def trainer_request(
+    time_ns: int,
+    *,
+    rank: int,
+    work_s: float,
+    job: str = "job-1",
+    host: str = "node-1",
+    gpu: str | None = None,
+) -> ExportMetricsServiceRequest:
+    """One export of one rank of a torchrun job: its resource (``otel_gpu.job.id``,
+    ``otel_gpu.job.rank``, its own instance id and PID) with ``training.step.work``, and torch's
+    allocator on its GPU when ``gpu`` is given (how the processor learns a rank's GPU)."""
+    req = ExportMetricsServiceRequest()
+    rm = req.resource_metrics.add()
+    resource: tuple[tuple[str, str | int], ...] = (
+        ("service.name", "train"),
+        ("service.instance.id", f"{job}-rank-{rank}"),
+        ("host.name", host),
+        (sig.PROCESS_PID, 5000 + rank),
+        ("otel_gpu.job.id", job),
+        ("otel_gpu.job.rank", rank),
+    )
+    for k, r in resource:
+        rm.resource.attributes.append(_kv(k, r))
+    sm = rm.scope_metrics.add()
+    sm.scope.name = "otel_gpu.tracing"
+    work = sm.metrics.add(name=sig.TRAINING_STEP_WORK.name)
+    work.gauge.data_points.add(time_unix_nano=time_ns, as_double=work_s)
+    if gpu is not None:
+        torch = sm.metrics.add(name=sig.TORCH_ALLOCATED.name).sum
+        torch.aggregation_temporality = 2
+        dp = torch.data_points.add(time_unix_nano=time_ns, start_time_unix_nano=time_ns - 10**9)
+        dp.as_int = 5 * GIB
+        dp.attributes.extend([_kv(sig.GPU_INDEX, rank), _kv(sig.HW_ID, gpu)])
+    return req
+
+
+def add_gpu_facts(
+    req: ExportMetricsServiceRequest,
+    time_ns: int,
+    gpu: str,
+    *,
+    throttled: tuple[str, ...] = (),
+    cleared: tuple[str, ...] = (),
+    pcie_bytes_per_s: tuple[float, float] | None = None,
+) -> None:
+    """The agent's throttle reasons (1 active, 0 cleared) and PCIe throughput (receive,
+    transmit) of one GPU, added to an :func:`agent_request`."""
+    sm = req.resource_metrics[0].scope_metrics[0]
+    rows = [(sig.GPU_THROTTLE, sig.THROTTLE_REASON, r, 1.0) for r in throttled]
+    rows += [(sig.GPU_THROTTLE, sig.THROTTLE_REASON, r, 0.0) for r in cleared]
+    if pcie_bytes_per_s is not None:
+        rx, tx = pcie_bytes_per_s
+        rows += [(sig.GPU_PCIE, sig.IO_DIRECTION, "receive", rx)]
+        rows += [(sig.GPU_PCIE, sig.IO_DIRECTION, "transmit", tx)]
+    for signal, key, value, v in rows:
+        found = [m for m in sm.metrics if m.name == signal.name]
+        m = found[0] if found else sm.metrics.add(name=signal.name)
+        dp = m.gauge.data_points.add(time_unix_nano=time_ns, as_double=v)
+        dp.attributes.extend([_kv(sig.HW_ID, gpu), _kv(key, value)])

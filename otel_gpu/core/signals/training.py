@@ -24,6 +24,18 @@ TRAINING_GRAD_NORM = Signal(
 TRAINING_STEP_DURATION = Signal(
     "training.step.duration", GAUGE, "s", "Seconds per optimizer step, over the last step."
 )
+TRAINING_STEP_COLLECTIVE_WAIT = Signal(
+    "training.step.collective_wait",
+    GAUGE,
+    "s",
+    "Seconds the last optimizer step waited in blocking torch.distributed collectives (CPU-side).",
+)
+TRAINING_STEP_WORK = Signal(
+    "training.step.work",
+    GAUGE,
+    "s",
+    "Seconds the last optimizer step worked: its duration less its collective wait.",
+)
 TRAINING_SAMPLES_RATE = Signal(
     "training.samples.rate",
     GAUGE,
