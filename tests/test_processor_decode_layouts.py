@@ -133,3 +133,28 @@ def test_bad_points_are_rejected_whatever_the_layout(point: bytes, why: str) -> 
 def test_malformed_points_fail_the_request(point: bytes) -> None:
     with pytest.raises(DecodeError):
         _decode(point)
+
+
+class _JobSink(_Sink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.job: list[tuple[int, float]] = []
+
+    def put_job(self, res, t, fld, v):  # type: ignore[no-untyped-def]
+        self.job.append((fld, v))
+
+
+@pytest.mark.parametrize(("metric", "kept"), [("training.step", True), ("training.loss", False),
+                                              ("training.grad_norm", False)])  # fmt: skip
+def test_a_trainers_loss_and_grad_norm_never_become_its_step(metric: str, kept: bool) -> None:
+    from otel_gpu.processor.decode import F_STEP
+
+    res = _ld(
+        1,
+        _ld(1, KeyValue(key="service.name", value=AnyValue(string_value="t")).SerializeToString()),
+    )
+    point = TIME + _fixed(4, "<d", 0.25)
+    raw = _ld(1, res + _ld(2, _ld(2, _ld(1, metric.encode()) + _ld(5, _ld(1, point)))))
+    sink = _JobSink()
+    MetricsDecoder(946_684_800.0, 3600.0).decode(raw, sink, T + 10**9)
+    assert sink.job == ([(F_STEP, 0.25)] if kept else [])

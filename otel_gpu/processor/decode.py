@@ -337,7 +337,9 @@ class MetricsDecoder:
         if kind == JOB:
             if fld == F_PHASE:
                 return _SKIP if pa.phase is None else ("phase", pa.phase)
-            return ("step",)
+            # loss and grad_norm are not judged here (the in-process agent and analyze judge
+            # them, per step): they must not reach the job's step either
+            return ("step",) if fld == F_STEP else _SKIP
         if kind == DEVICE:
             if pa.hw_id is None:
                 return _SKIP
