@@ -66,6 +66,38 @@ def test_a_user_function_blocked_in_c_is_named_itself():
 
 
 @pytest.mark.unit
+def test_the_agents_own_wrappers_are_not_where_the_job_is():
+    # otel-gpu's collective timing wraps torch.distributed: its frames sit between torch and the
+    # job, wherever the job's copy of the package lives, and are left out of place and grouping.
+    timing = "/opt/job-venv/lib/python3.11/site-packages/otel_gpu/tracing/collective_timing.py"
+
+    def timed(pid, rank, op, line):
+        return _proc(
+            pid,
+            rank,
+            ("wait", timing, 178),
+            (op, "/venv/lib/python3.11" + TORCH + "distributed_c10d.py", 2950),
+            (
+                "collective",
+                timing.replace("/opt/job-venv/lib/python3.11/site-packages", "/src"),
+                150,
+            ),
+            ("train_step", "/job/train.py", line),
+        )
+
+    groups = stacks.group([timed(1, 0, "all_reduce", 120), timed(2, 1, "broadcast", 130),
+                           timed(3, 2, "all_reduce", 120)])  # fmt: skip
+    assert [g.line() for g in groups] == [
+        "rank 1 (PID 2) in broadcast at train.py:130",
+        "ranks 0, 2 in all_reduce at train.py:120",
+    ]
+    assert all(not f.filename.endswith("collective_timing.py") for g in groups for f in g.frames)
+    # A user's own file that happens to sit under a folder of the same name is still the job's.
+    assert not stacks.is_agent("/home/me/otel_gpu/train.py")
+    assert stacks.is_agent("/src/otel_gpu/tracing/collective_timing.py")
+
+
+@pytest.mark.unit
 def test_ranks_are_written_as_ranges_and_failures_are_listed():
     procs = [_waiting(100 + r, r) for r in range(64) if r != 17]
     procs.append(ProcessStacks(117, 17, error="py-spy: Permission denied; channel: timed out"))

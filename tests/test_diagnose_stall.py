@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from support.cli import clean_env, otel_gpu
 from support.paths import ROOT
+from support.ports import free_port
 
 HANG_JOB = ROOT / "tests" / "support" / "hang_job.py"
 BIN = os.path.dirname(sys.executable)  # the venv's: opentelemetry-instrument, py-spy
@@ -44,7 +45,7 @@ class HungJob:
         self.run_dir.mkdir(mode=0o700)
         self.log = tmp_path / "job.log"
         self.ranks = ranks
-        port = str(20000 + os.getpid() % 20000)
+        port = str(free_port())
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
                 [os.path.join(BIN, "opentelemetry-instrument"), sys.executable, "-m",
@@ -231,7 +232,7 @@ def test_the_stall_alert_of_otel_gpu_run_says_where_the_job_is_stuck(tmp_path: P
     env = _env(run_dir, HANG_JOB_MAX_S="25", HANG_JOB_STEP_S="0.4",
                OTEL_GPU_DETECT_STALL_STEP_FLOOR_S="3", OTEL_GPU_DETECT="true",
                PATH=NO_PYSPY_PATH)  # fmt: skip
-    port = str(20000 + (os.getpid() + 7) % 20000)
+    port = str(free_port())
     res = otel_gpu(
         "run", "--simulate", "steady", "--interval", "0.5", "--exporter", "none",
         "--summary-json", str(summary), "--", sys.executable, "-m", "torch.distributed.run",
@@ -264,7 +265,7 @@ def test_the_in_process_node_agents_stall_alert_says_where(tmp_path: Path):
     env = _env(run_dir, OTEL_GPU_DETECT="true", OTEL_GPU_SIMULATE="steady",
                OTEL_GPU_INTERVAL="0.5", OTEL_GPU_DETECT_STALL_STEP_FLOOR_S="3",
                HANG_JOB_MAX_S="25", HANG_JOB_STEP_S="0.4", PATH=NO_PYSPY_PATH)  # fmt: skip
-    port = str(20000 + (os.getpid() + 13) % 20000)
+    port = str(free_port())
     res = subprocess.run(
         [os.path.join(BIN, "opentelemetry-instrument"), sys.executable, "-m",
          "torch.distributed.run", "--nproc-per-node", "3", "--master-port", port,

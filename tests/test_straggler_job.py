@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from support.cli import clean_env
 from support.paths import ROOT
+from support.ports import free_port
 from support.processor import ProcessorProcess
 from support.webhook import Webhook
 
@@ -52,7 +53,7 @@ def _run_job(tmp_path: Path, mode: str, hook: Webhook) -> tuple[list[dict[str, A
         OTEL_GPU_DETECT="false",
     )
     log = tmp_path / "job.log"
-    port = str(20000 + (os.getpid() * 7) % 20000)
+    port = str(free_port())
     seen: list[dict[str, Any]] = []
     try:
         with open(log, "w") as out:

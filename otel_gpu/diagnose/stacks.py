@@ -18,7 +18,8 @@ Grouping, as ByteRobust does it: processes whose main threads' top frames agree 
 the smallest groups (the odd ones out) come first — "rank 1 (PID 4242) in fetch_remote_shard at
 data.py:88 · ranks 0, 2 in all_reduce at train.py:120". A group's place is the innermost frame
 of the user's own code (not the standard library, not site-packages) and the function it called
-there (wrappers such as a decorator's ``wrapper`` skipped).
+there (wrappers such as a decorator's ``wrapper`` skipped). The agent's own frames (the
+collective timing's wrappers of ``torch.distributed``) are not the job's and are left out.
 """
 
 from __future__ import annotations
@@ -60,6 +61,22 @@ _WRAPPERS = frozenset(
     ("wrapper", "inner", "_fn", "decorate_context", "wrapped", "_wrapped_call_impl", "_call_impl")
 )
 _LIBRARY = re.compile(r"/lib/python\d+(\.\d+)?t?/|/site-packages/|/dist-packages/|^<frozen ")
+_PACKAGE = "otel_gpu"
+
+
+def _agent_modules() -> frozenset[str]:
+    """The package's own source files, relative to its parent (``otel_gpu/tracing/x.py``): a
+    frame in one of them is the agent's, wherever the job's copy is installed."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(package)
+    found = set()
+    for top, _dirs, files in os.walk(package):
+        rel = os.path.relpath(top, root)
+        found.update(os.path.join(rel, f) for f in files if f.endswith(".py"))
+    return frozenset(found)
+
+
+_AGENT_MODULES = _agent_modules()
 
 
 def stack_signal() -> int:
@@ -411,6 +428,17 @@ def is_library(filename: str) -> bool:
     return bool(_LIBRARY.search(filename))
 
 
+def is_agent(filename: str) -> bool:
+    """Is this frame's file one of otel_gpu's own modules (however the job imported it)?"""
+    at = filename.rfind(f"/{_PACKAGE}/")
+    return at >= 0 and filename[at + 1 :] in _AGENT_MODULES
+
+
+def job_frames(frames: Sequence[Frame]) -> tuple[Frame, ...]:
+    """The frames without the agent's own (its wrappers sit between the job and torch)."""
+    return tuple(f for f in frames if not is_agent(f.filename))
+
+
 def _short(function: str) -> str:
     """``_exception_logger.<locals>.wrapper`` (py-spy's qualified names) -> ``wrapper``."""
     return function.rsplit(".", 1)[-1] or function
@@ -502,10 +530,10 @@ def group(stacks: Sequence[ProcessStacks]) -> list[Group]:
         main = ps.main_thread()
         if main is None:
             continue
-        top = main.frames[:TOP_FRAMES]
-        key = tuple((f.function, os.path.basename(f.filename), f.line) for f in top)
+        frames = job_frames(main.frames)
+        key = tuple((f.function, os.path.basename(f.filename), f.line) for f in frames[:TOP_FRAMES])
         by_key.setdefault(key, []).append(ps)
-        frames_of.setdefault(key, main.frames)
+        frames_of.setdefault(key, frames)
     groups = []
     for key, members in by_key.items():
         members.sort(key=lambda m: (m.rank if m.rank is not None else -1, m.worker, m.pid))
