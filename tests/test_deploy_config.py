@@ -113,6 +113,100 @@ def test_the_job_dashboard_picks_a_run_by_its_job_key() -> None:
             assert "$job" not in target["expr"] and 'instance=~"$instance"' in target["expr"]
 
 
+SCOPE = ("host", "node", "namespace", "pod")
+# Every metric selector of a panel, and the join that scopes it by the reporter's resource.
+SELECTOR = re.compile(r"(?:[a-zA-Z_:][a-zA-Z0-9_:]*)?\{[^{}]*\}")
+HOST_JOIN = 'and on (job, instance) target_info{host_name=~"$host", k8s_node_name=~"$node"}'
+
+
+@pytest.mark.unit
+def test_every_panel_is_scoped_by_host_node_namespace_and_pod() -> None:
+    """A machine's history does not break at an agent restart (a new service.instance.id):
+    every dashboard picks by the resource's host.name and k8s.node.name, and by the namespace
+    and pod of a series (its own k8s.* labels, else its resource's), all at "All" by default."""
+    for path in DASHBOARDS:
+        board = json.loads(path.read_text())
+        variables = {v["name"]: v for v in board["templating"]["list"]}
+        for name in SCOPE:
+            assert variables[name]["includeAll"] and variables[name]["allValue"] == ".*"
+            assert variables[name]["current"]["value"] == ["$__all"], (path.name, name)
+        for panel in board["panels"]:
+            for target in panel["targets"]:
+                expr = target["expr"]
+                assert HOST_JOIN in expr, (panel["title"], expr)
+                for selector in SELECTOR.findall(expr):
+                    if selector.startswith("target_info"):
+                        continue
+                    own = 'k8s_namespace_name=~"$namespace", k8s_pod_name=~"$pod"' in selector
+                    none = 'k8s_namespace_name="", k8s_pod_name=""' in selector
+                    assert own or none, (panel["title"], selector)
+
+
+def _scoped_expr(values: dict[str, str]) -> str:
+    board = json.loads((ROOT / "deploy/grafana/dashboards/otel-gpu-fleet.json").read_text())
+    panel = next(p for p in board["panels"] if p["title"] == "GPUs reporting")
+    expr = panel["targets"][0]["expr"]
+    for name in ("namespace", "host", "node", "pod", "job"):
+        expr = expr.replace(f"${name}", values.get(name, ".*"))
+    return expr
+
+
+# Three kinds of reporter: a bare-metal node, a sidecar (its pod on the resource) and a
+# DaemonSet agent (its own pod on the resource, the pods it attributes GPUs to on the series).
+SCOPE_SERIES = [
+    'target_info{job="otel-gpu", instance="a:9464", host_name="host-a"}',
+    'hw_gpu_memory_limit_bytes{job="otel-gpu", instance="a:9464", hw_id="GPU-a"}',
+    'target_info{job="otel-gpu", instance="s:9464", host_name="train-0", k8s_node_name="node-1",'
+    ' k8s_namespace_name="team-a", k8s_pod_name="train-0"}',
+    'hw_gpu_memory_limit_bytes{job="otel-gpu", instance="s:9464", hw_id="GPU-s"}',
+    'target_info{job="otel-gpu", instance="d:9464", host_name="agent-x", k8s_node_name="node-2",'
+    ' k8s_namespace_name="otel-gpu", k8s_pod_name="agent-x"}',
+    'hw_gpu_memory_limit_bytes{job="otel-gpu", instance="d:9464", hw_id="GPU-d1",'
+    ' k8s_namespace_name="team-b", k8s_pod_name="infer-0"}',
+    'hw_gpu_memory_limit_bytes{job="otel-gpu", instance="d:9464", hw_id="GPU-d2"}',
+]
+# variables (others at All) -> GPUs the Fleet's "GPUs reporting" counts
+SCOPE_CASES = [
+    ({}, 4),
+    ({"host": "host-a"}, 1),
+    ({"node": "node-2"}, 2),
+    ({"namespace": "team-a"}, 1),  # the sidecar's pod, from its resource
+    ({"namespace": "team-b"}, 1),  # the DaemonSet's attribution, on the series
+    ({"pod": "infer-0"}, 1),
+    ({"namespace": "otel-gpu"}, 1),  # the DaemonSet's GPU of no pod: its resource's namespace
+    ({"namespace": "team-b", "node": "node-1"}, 0),
+    ({"host": "host-a|train-0"}, 2),  # several values, as Grafana joins them
+]
+
+
+@pytest.mark.peers
+def test_the_scope_variables_pick_the_right_gpus_in_every_deployment(tmp_path: Path) -> None:
+    """The dashboards' scoping on synthetic series of each deployment, by promtool's PromQL
+    evaluation (the live stack in test_prometheus_stack.py has no Kubernetes)."""
+    tests = [
+        {
+            "expr": _scoped_expr(values),
+            "eval_time": "1m",
+            "exp_samples": [{"labels": "{}", "value": count}] if count else [],
+        }
+        for values, count in SCOPE_CASES
+    ]
+    spec = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": "1x3"} for s in SCOPE_SERIES],
+                "promql_expr_test": tests,
+            }
+        ],
+    }
+    (tmp_path / "scope.test.yml").write_text(yaml.safe_dump(spec))
+    res = _run(binary("promtool", "prometheus"), "test", "rules", str(tmp_path / "scope.test.yml"))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize(
     "source",

@@ -14,7 +14,7 @@ import pytest
 from fakenvml.build import check_abi
 from fakenvml.fixtures import BUILD_DIR, FakeNvml
 
-from otel_gpu.sampling import nvml_api
+from otel_gpu.sampling import nvml_processes
 from otel_gpu.sampling.snapshot import STATUS_DEGRADED, STATUS_FAILED, STATUS_OK
 from otel_gpu.sampling.visible_devices import select_visible
 
@@ -54,7 +54,7 @@ def test_pynvml_structs_match_the_fakes_pinned_layouts():
     assert pynvml.nvmlMemory_v2 == 0x02000028
     assert ctypes.sizeof(pynvml.c_nvmlProcessInfo_v3_t) == 24
     assert pynvml.c_nvmlProcessInfo_v3_t.usedGpuMemory.offset == 8
-    assert nvml_api.PROCESS_INFO.size == 24  # NvmlSource decodes process entries itself
+    assert nvml_processes.PROCESS_INFO.size == 24  # NvmlSource decodes process entries itself
     assert ctypes.sizeof(pynvml.c_nvmlProcessUtilizationSample_t) == 32
     assert ctypes.sizeof(pynvml.c_nvmlEventData_t) == 32
     assert ctypes.sizeof(pynvml.nvmlPciInfo_t) == 68

@@ -30,6 +30,7 @@ pytestmark = pytest.mark.peers
 RULES = ROOT / "deploy" / "prometheus" / "otel-gpu-rules.yml"
 DASHBOARDS = sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json"))
 LEAK_WAIT_S = 150  # the leak alert comes after ~35 s on an idle 2-core machine
+POD = "k8s.node.name=node-a,k8s.namespace.name=team-a,k8s.pod.name=train-0"
 
 
 class Node:
@@ -73,7 +74,8 @@ scrape_configs:
         (tmp / "a").mkdir(), (tmp / "b").mkdir()
         agents = [
             _agent(
-                {**env, "OTEL_GPU_LOCK_DIR": str(tmp / "a")},
+                # A sidecar's pod as its resource (the dashboards' node / namespace / pod).
+                {**env, "OTEL_GPU_LOCK_DIR": str(tmp / "a"), "OTEL_RESOURCE_ATTRIBUTES": POD},
                 leak_port,
                 "leak",
                 ["--exporter", "otlp,prometheus", "--endpoint", sink.endpoint, "--",
@@ -267,3 +269,31 @@ def test_every_dashboard_query_runs_on_real_agent_data(
         assert series == [], f"{title} now has data: drop it from EMPTY_HERE"
     else:
         assert series, f"{board} / {title} is empty on real agent data: {expr}"
+
+
+def test_the_pod_variable_narrows_a_panel_to_that_pods_node(node: Node) -> None:
+    """The leaking node reports a pod on its resource, the stalled one none: picking the pod
+    (or its node or namespace) leaves the first node's GPUs; All, or the host both run on,
+    shows both."""
+    board = json.loads((ROOT / "deploy/grafana/dashboards/otel-gpu-node.json").read_text())
+    panel = next(p for p in board["panels"] if p["title"] == "GPU memory")
+    variables = [v for v in board["templating"]["list"] if v["type"] == "query"]
+    every = {v["name"]: v["allValue"] for v in variables}
+    expr = panel["targets"][0]["expr"]
+    assert node.prom.wait_for(
+        f'hw_gpu_memory_usage_bytes{{instance="127.0.0.1:{node.stall_port}"}}', 30
+    )
+    host = node.prom.query(f'target_info{{instance="127.0.0.1:{node.port}"}}')[0]["metric"][
+        "host_name"
+    ]
+
+    def instances(**chosen: str) -> set[str]:
+        series = node.prom.query(_fill(expr, {**every, **chosen}))
+        return {s["metric"]["instance"] for s in series}
+
+    both = {f"127.0.0.1:{node.port}", f"127.0.0.1:{node.stall_port}"}
+    assert instances() == both
+    assert instances(host=re.escape(host).replace("\\", "\\\\")) == both
+    for chosen in ({"pod": "train-0"}, {"namespace": "team-a"}, {"node": "node-a"}):
+        assert instances(**chosen) == {f"127.0.0.1:{node.port}"}, chosen
+    assert instances(pod="elsewhere") == set()

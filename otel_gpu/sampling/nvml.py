@@ -34,6 +34,7 @@ import pynvml
 from otel_gpu.core.xid import CLASSES, XidDedup, classify, normalise_pci
 from otel_gpu.sampling import nvml_api as api
 from otel_gpu.sampling import nvml_devices as devices
+from otel_gpu.sampling import nvml_processes as nvml_procs
 from otel_gpu.sampling import odd_values as odd
 from otel_gpu.sampling.kmsg import KernelLog
 from otel_gpu.sampling.nvml_api import Device, Sweep
@@ -566,14 +567,14 @@ class NvmlSource:
         out["processes_listed"] = False
         if "processes" in off:
             return
-        listed = call(dev, "processes", api.running_processes, h)
+        listed = call(dev, "processes", nvml_procs.running_processes, h)
         out["processes_listed"] = listed is not api.FAILED
         used: dict[int, int | None] = {} if listed is api.FAILED else dict(listed)
-        for which in (api.GRAPHICS, api.MPS):
+        for which in (nvml_procs.GRAPHICS, nvml_procs.MPS):
             kind = which[0]
             if kind in off or not (slow_due or kind in dev.active_lists):
                 continue
-            more = call(dev, kind, api.running_processes, h, which)
+            more = call(dev, kind, nvml_procs.running_processes, h, which)
             if more is api.FAILED or not more:
                 dev.active_lists.discard(kind)
                 continue

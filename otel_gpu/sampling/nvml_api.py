@@ -7,7 +7,6 @@ that decide what a failure means, and the few calls done with ctypes directly fo
 from __future__ import annotations
 
 import ctypes
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,64 +158,6 @@ TEMPERATURE: Alternatives = (
     ("temperature_v", function("nvmlDeviceGetTemperatureV"), (0,)),  # NVML_TEMPERATURE_GPU
     ("temperature", function("nvmlDeviceGetTemperature"), (0,)),
 )
-
-
-PROCESS_INFO = struct.Struct("=I4xQII")  # nvmlProcessInfo_t (v2/v3 entry), 24 bytes
-NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE for usedGpuMemory
-
-
-# Process lists: (metric, NVML symbols newest first, pynvml's own function for old pynvml
-# versions). Drivers from before the _v3 lists have _v2, with the same 24-byte entry.
-COMPUTE = (
-    "processes",
-    ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"),
-    "ComputeRunningProcesses",
-)
-GRAPHICS = (
-    "graphics_processes",
-    ("nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
-    "GraphicsRunningProcesses",
-)
-MPS = (
-    "mps_processes",
-    ("nvmlDeviceGetMPSComputeRunningProcesses_v3", "nvmlDeviceGetMPSComputeRunningProcesses_v2"),
-    "MPSComputeRunningProcesses",
-)
-ProcessList = tuple[str, tuple[str, ...], str]
-
-
-def running_processes(handle: Any, which: ProcessList = COMPUTE) -> list[tuple[int, int | None]]:
-    """(pid, used GPU bytes or None) of the processes on a device in one of NVML's lists:
-    compute, graphics, or MPS clients (under MPS the compute list shows only the MPS server),
-    through the ``_v3`` function or, on an older driver, the ``_v2`` one.
-
-    NVML's two-call protocol, done here rather than by pynvml's
-    ``nvmlDeviceGetComputeRunningProcesses`` because that builds a Python object per process:
-    for 8 GPUs x 64 processes it was 70 % of a sweep (and, on a driver without ``_v3``, it
-    raises ``NVMLLibraryMismatchError``). The entry layout is pinned by tests against pynvml's
-    ``c_nvmlProcessInfo_v3_t``.
-    """
-    get_function = getattr(pynvml, "_nvmlGetFunctionPointer", None)
-    if get_function is None:  # a pynvml without it: its own (slower) implementation
-        listed = getattr(pynvml, f"nvmlDeviceGet{which[2]}")(handle)
-        return [(p.pid, p.usedGpuMemory) for p in listed]
-    fn = newest_function(which[1])
-    count = ctypes.c_uint(0)
-    ret = fn(handle, ctypes.byref(count), None)
-    if ret == pynvml.NVML_SUCCESS:
-        return []
-    if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
-        raise pynvml.NVMLError(ret)
-    count.value = count.value * 2 + 5  # room for processes that start between the two calls
-    entries = ctypes.create_string_buffer(PROCESS_INFO.size * count.value)
-    ret = fn(handle, ctypes.byref(count), entries)
-    if ret != pynvml.NVML_SUCCESS:
-        raise pynvml.NVMLError(ret)
-    raw = entries.raw[: PROCESS_INFO.size * count.value]
-    return [
-        (pid, None if used == NOT_AVAILABLE else used)
-        for pid, used, _gi, _ci in PROCESS_INFO.iter_unpack(raw)
-    ]
 
 
 DEVICE_STRING_SIZE = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE, NVML_DEVICE_UUID_V2_BUFFER_SIZE

@@ -2,13 +2,16 @@
 
 ``build_fake(out_dir)`` compiles ``fakenvml.c`` with the system C compiler into
 ``out_dir/<source hash>/libnvidia-ml.so.1`` (cached: a rebuild happens only when the sources or
-flags change); ``build_fake(out_dir, legacy=True)`` builds an older driver's library, without
-the symbols newer drivers added (``-DFAKENVML_LEGACY``; see fakenvml.c). ``check_abi(out_dir)`` compiles the same source against NVIDIA's own ``nvml.h``
-(from the ``nvidia-nvml-dev`` wheel, ``$NVML_INCLUDE_DIR``, or a CUDA install), so every function
-definition must match NVIDIA's prototype and the static asserts pin struct sizes, offsets and
-constants; without ``nvml.h`` it reports ``ran=False`` rather than passing.
+flags change); ``build_fake(out_dir, driver="r470")`` builds an older driver branch's library
+(:data:`DRIVERS`): only the entry points that branch's ``nvml.h`` declares, process entries of
+the size it gives (``-DFAKENVML_DRIVER``; see fakenvml.c). ``check_abi(out_dir)`` compiles the
+same source against NVIDIA's own ``nvml.h`` (from the ``nvidia-nvml-dev`` wheel,
+``$NVML_INCLUDE_DIR``, or a CUDA install), so every function definition must match NVIDIA's
+prototype and the static asserts pin struct sizes, offsets and constants; without ``nvml.h``
+it reports ``ran=False`` rather than passing. ``check_abi(out_dir, driver=...)`` does the same
+for a branch, against the header in ``$NVML_INCLUDE_DIR`` (that release's nvml.h).
 
-Run as a script to build and print both results.
+Run as a script to build every branch and print the ABI result.
 """
 
 from __future__ import annotations
@@ -26,7 +29,24 @@ SOURCES = (HERE / "fakenvml.c", HERE / "fakenvml_types.h")
 LIB_NAME = "libnvidia-ml.so.1"
 CFLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-Werror", f"-Wl,-soname,{LIB_NAME}")
 ABI_CFLAGS = ("-c", "-O2", "-Wall", "-Werror", "-DFAKENVML_REAL_NVML_H")
-LEGACY_CFLAGS = ("-DFAKENVML_LEGACY",)
+
+# Driver branches the fake can be built as: name -> (FAKENVML_DRIVER, the releases whose nvml.h
+# has that export set and those entry sizes). docs/sampling.md "Driver branches" has the table.
+DRIVERS: dict[str, tuple[int | None, str]] = {
+    "r470": (470042, "470.42.01-495.x: process lists unversioned and _v2 only"),
+    "r510": (510039, "510.39.01-530.x: + the _v3 lists (24-byte entries), memory info v2"),
+    "r535.43": (535043, "535.43.02-535.86.x: _v3 entries of 32 bytes (CC protected memory)"),
+    "r535.98": (535098, "535.98: no _v3 lists"),
+    "r535.104": (535104, "535.104.05-560.x: _v3 back at 24 bytes, the process detail list"),
+    "current": (None, "565.57.01 on: + nvmlDeviceGetTemperatureV"),
+}
+
+
+def _driver_flags(driver: str) -> tuple[str, ...]:
+    if driver not in DRIVERS:
+        raise ValueError(f"unknown driver branch {driver!r} (one of {', '.join(DRIVERS)})")
+    number = DRIVERS[driver][0]
+    return () if number is None else (f"-DFAKENVML_DRIVER={number}",)
 
 
 @dataclass(frozen=True)
@@ -55,13 +75,11 @@ def _digest(*extra: str) -> str:
     return h.hexdigest()[:16]
 
 
-def build_fake(out_dir: str | os.PathLike[str], *, legacy: bool = False) -> Path:
+def build_fake(out_dir: str | os.PathLike[str], *, driver: str = "current") -> Path:
     """Compile the fake (cached by source hash) and return the path of ``libnvidia-ml.so.1``;
-    ``legacy``: as an older driver's, without the ``_v3`` process lists,
-    ``nvmlDeviceGetMemoryInfo_v2``, ``nvmlDeviceGetTemperatureV`` and
-    ``nvmlDeviceGetCurrentClocksEventReasons`` (fakenvml.c says which replace them)."""
+    ``driver``: the branch of :data:`DRIVERS` whose entry points and entry sizes it has."""
     cc = _compiler()
-    flags = (*CFLAGS, *LEGACY_CFLAGS) if legacy else CFLAGS
+    flags = (*CFLAGS, *_driver_flags(driver))
     target_dir = Path(out_dir) / _digest(cc, *flags)
     lib = target_dir / LIB_NAME
     if lib.exists():
@@ -94,8 +112,10 @@ def find_nvml_header() -> Path | None:
     return next((c for c in candidates if c.is_file()), None)
 
 
-def check_abi(out_dir: str | os.PathLike[str]) -> AbiCheck:
-    """Compile ``fakenvml.c`` against NVIDIA's nvml.h with ``-Werror`` (result cached)."""
+def check_abi(out_dir: str | os.PathLike[str], *, driver: str = "current") -> AbiCheck:
+    """Compile ``fakenvml.c`` (as ``driver``) against NVIDIA's nvml.h with ``-Werror`` (result
+    cached); for an older branch, point ``$NVML_INCLUDE_DIR`` at that release's header."""
+    flags = (*ABI_CFLAGS, *_driver_flags(driver))
     header = find_nvml_header()
     if header is None:
         return AbiCheck(
@@ -105,17 +125,17 @@ def check_abi(out_dir: str | os.PathLike[str]) -> AbiCheck:
             detail="ABI check NOT RUN: nvml.h not found (pip install nvidia-nvml-dev)",
         )
     cc = _compiler()
-    stamp = Path(out_dir) / f"abi-{_digest(cc, *ABI_CFLAGS, header.read_text(errors='replace'))}.ok"
+    stamp = Path(out_dir) / f"abi-{_digest(cc, *flags, header.read_text(errors='replace'))}.ok"
     if stamp.exists():
         return AbiCheck(ran=True, ok=True, header=header, detail=stamp.read_text())
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     obj = Path(out_dir) / f".abi.{os.getpid()}.o"
-    cmd = [cc, *ABI_CFLAGS, f"-I{header.parent}", str(SOURCES[0]), "-o", str(obj)]
+    cmd = [cc, *flags, f"-I{header.parent}", str(SOURCES[0]), "-o", str(obj)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     obj.unlink(missing_ok=True)
     if proc.returncode != 0:
         return AbiCheck(ran=True, ok=False, header=header, detail=proc.stderr)
-    detail = f"fakenvml.c compiles with -Werror against {header}"
+    detail = f"fakenvml.c ({driver}) compiles with -Werror against {header}"
     tmp_stamp = stamp.with_name(f".{stamp.name}.{os.getpid()}.tmp")
     tmp_stamp.write_text(detail)
     os.replace(tmp_stamp, stamp)  # parallel workers never read half a stamp
@@ -124,8 +144,8 @@ def check_abi(out_dir: str | os.PathLike[str]) -> AbiCheck:
 
 if __name__ == "__main__":
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "build"
-    print(build_fake(out))
-    print(build_fake(out, legacy=True))
+    for branch in DRIVERS:
+        print(branch, build_fake(out, driver=branch))
     result = check_abi(out)
     print(result.detail)
     sys.exit(0 if result.ok or not result.ran else 1)

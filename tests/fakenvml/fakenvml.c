@@ -7,10 +7,11 @@
  * ABI proof: the same file compiles with -DFAKENVML_REAL_NVML_H -I<dir of NVIDIA's nvml.h>;
  * every function definition then must match NVIDIA's prototype, and the static asserts below
  * pin struct sizes, offsets and constants to the values pynvml's ctypes structs use.
- * Legacy build (-DFAKENVML_LEGACY, build_fake(..., legacy=True)): an older driver, one that
- * lacks the _v3 process lists (it has _v2), nvmlDeviceGetMemoryInfo_v2,
- * nvmlDeviceGetTemperatureV and nvmlDeviceGetCurrentClocksEventReasons (it has
- * ...ClocksThrottleReasons): pynvml then finds no such symbol (FUNCTION_NOT_FOUND).
+ * Driver branches (-DFAKENVML_DRIVER=<major * 1000 + minor>, build_fake(..., driver=...)): the
+ * library of an older driver exports exactly the entry points of this file that the nvml.h of
+ * that release declares, and fills process entries of the size that header gives (see the
+ * FK_HAS_* switches below, build.py DRIVERS and docs/sampling.md "Driver branches"); pynvml
+ * then finds no such symbol (FUNCTION_NOT_FOUND). Unset: the newest driver, every export.
  *
  * Scenario file: named by $FAKE_NVML_SCENARIO (no variable: one default GPU). Re-read when its
  * inode, size or mtime changes (checked at most every 10 ms, and at every nvmlInit*; tests can
@@ -50,8 +51,9 @@
  *                     piecewise: segment i from T_i seconds after t0 (a ramp in a segment
  *                     counts from its T_i); before the first T, the first segment
  * List fields:
- *   processes = PID:USED ...          compute processes (v2/v3 two-call protocol); USED is bytes,
- *                                     a ramp, or "na" (NVML_VALUE_NOT_AVAILABLE, 2^64-1)
+ *   processes = PID:USED[:CC] ...     compute processes (two-call protocol); USED is bytes,
+ *                                     a ramp, or "na" (NVML_VALUE_NOT_AVAILABLE, 2^64-1); CC the
+ *                                     CC protected bytes (default 0; "na"), in 32-byte entries
  *   graphics_processes, mps_processes = PID:USED ...   the graphics and MPS-client lists
  *   process_util = PID:SM:MEM[:ENC:DEC] ...   one sample per period per PID (%)
  *   process_util.period_ms = 1000     the newest sample is stamped t0 + a whole number of
@@ -81,7 +83,7 @@
  * ids 0xFFFFFFFF; entries of a MIG device's list carry its gi/ci, on either handle.
  * A MIG handle: a fixed address per (N, I), distinct from GPU handles and the same across
  * reloads. It serves nvmlDeviceGetUUID, GetName, GetMemoryInfo(_v2), the three
- * Get*RunningProcesses_v2/_v3, GetGpuInstanceId / GetComputeInstanceId (gi / ci),
+ * Get*RunningProcesses (each version) and GetRunningProcessDetailList, GetGpuInstanceId / GetComputeInstanceId (gi / ci),
  * GetDeviceHandleFromMigDeviceHandle (the GPU's handle) and IsMigDeviceHandle (1; 0 for a GPU
  * handle); the instance-id and parent functions give INVALID_ARGUMENT for a GPU handle.
  * GetMaxMigDeviceCount and GetMigDeviceHandleByIndex give INVALID_ARGUMENT for a MIG handle,
@@ -117,9 +119,40 @@
 #include <time.h>
 #include <unistd.h>
 
+/* The driver release whose export set this build has (major * 1000 + minor of the first
+ * release with it), and what that set holds, from NVIDIA's nvml.h of each release. */
+#ifndef FAKENVML_DRIVER
+#define FAKENVML_DRIVER 999999
+#endif
+/* 510.39.01: the _v3 process lists and nvmlDeviceGetMemoryInfo_v2 */
+#define FK_HAS_V3_LISTS \
+    (FAKENVML_DRIVER >= 510039 && !(FAKENVML_DRIVER >= 535098 && FAKENVML_DRIVER < 535104))
+#define FK_HAS_MEMORY_V2 (FAKENVML_DRIVER >= 510039)
+/* 535.43.02: the "clocks event" name, nvmlDeviceGetConfComputeMemSizeInfo, and _v3 entries of
+ * 32 bytes (nvmlProcessInfo_t gained usedGpuCcProtectedMemory without a version bump) through
+ * 535.86.x; 535.98 dropped the _v3 lists and the field; 535.104.05 brought _v3 back with
+ * 24-byte entries and moved the field to nvmlDeviceGetRunningProcessDetailList's entries. */
+#define FK_HAS_CLOCKS_EVENT (FAKENVML_DRIVER >= 535043)
+#define FK_HAS_CONF_COMPUTE (FAKENVML_DRIVER >= 535043)
+#define FK_V3_CC_ENTRY (FAKENVML_DRIVER >= 535043 && FAKENVML_DRIVER < 535098)
+#define FK_HAS_DETAIL_LIST (FAKENVML_DRIVER >= 535104)
+/* 565.57.01: nvmlDeviceGetTemperatureV */
+#define FK_HAS_TEMPERATURE_V (FAKENVML_DRIVER >= 565057)
+
 #ifdef FAKENVML_REAL_NVML_H
 #define NVML_NO_UNVERSIONED_FUNC_DEFS
 #include <nvml.h>
+/* Error codes newer than an older branch's first nvml.h, as the numbers later headers give
+ * them (the current build takes them from the header, which the error table then checks). */
+#if FAKENVML_DRIVER < 520056
+#define NVML_ERROR_ARGUMENT_VERSION_MISMATCH ((nvmlReturn_t)25)
+#endif
+#if FAKENVML_DRIVER < 535043
+#define NVML_ERROR_NOT_READY ((nvmlReturn_t)27)
+#endif
+#if FAKENVML_DRIVER < 545023
+#define NVML_ERROR_GPU_NOT_FOUND ((nvmlReturn_t)28)
+#endif
 #else
 #include "fakenvml_types.h"
 #endif
@@ -128,18 +161,46 @@
 
 /* ---- ABI pins: the numbers pynvml's ctypes structs use (checked against nvml.h too) ---- */
 _Static_assert(sizeof(nvmlMemory_t) == 24, "nvmlMemory_t");
+#if FK_HAS_MEMORY_V2
 _Static_assert(sizeof(nvmlMemory_v2_t) == 40, "nvmlMemory_v2_t");
 _Static_assert(offsetof(nvmlMemory_v2_t, total) == 8, "nvmlMemory_v2_t.total");
 _Static_assert(offsetof(nvmlMemory_v2_t, used) == 32, "nvmlMemory_v2_t.used");
 _Static_assert(nvmlMemory_v2 == 0x02000028, "nvmlMemory_v2 version word");
+#endif
 _Static_assert(sizeof(nvmlUtilization_t) == 8, "nvmlUtilization_t");
+#if FK_HAS_TEMPERATURE_V
 _Static_assert(sizeof(nvmlTemperature_v1_t) == 12, "nvmlTemperature_v1_t");
 _Static_assert(offsetof(nvmlTemperature_v1_t, temperature) == 8, "temperature offset");
+#endif
 _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t");
 _Static_assert(offsetof(nvmlPciInfo_t, busId) == 36, "nvmlPciInfo_t.busId");
-_Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t (v2/v3 entry)");
-_Static_assert(offsetof(nvmlProcessInfo_t, usedGpuMemory) == 8, "usedGpuMemory offset");
-_Static_assert(offsetof(nvmlProcessInfo_t, computeInstanceId) == 20, "computeInstanceId");
+/* Process entries: the unversioned lists' (v1), the _v2 lists' (the nvml.h of releases without
+ * _v3 lists, before 510.39.01 and 535.98, names it nvmlProcessInfo_t), the _v3 lists'
+ * (nvmlProcessInfo_t: 24 bytes, 32 in 535.43.02-535.86.x) and the process detail list's. */
+#if FK_HAS_V3_LISTS
+#define FK_V2_ENTRY nvmlProcessInfo_v2_t
+#else
+#define FK_V2_ENTRY nvmlProcessInfo_t
+#endif
+#define FK_V3_ENTRY_SIZE (FK_V3_CC_ENTRY ? 32 : 24)
+_Static_assert(sizeof(nvmlProcessInfo_v1_t) == 16, "nvmlProcessInfo_v1_t");
+_Static_assert(offsetof(nvmlProcessInfo_v1_t, usedGpuMemory) == 8, "v1 usedGpuMemory offset");
+_Static_assert(sizeof(FK_V2_ENTRY) == 24, "the _v2 lists' entry");
+_Static_assert(offsetof(FK_V2_ENTRY, usedGpuMemory) == 8, "usedGpuMemory offset");
+_Static_assert(offsetof(FK_V2_ENTRY, computeInstanceId) == 20, "computeInstanceId");
+_Static_assert(sizeof(nvmlProcessInfo_t) == FK_V3_ENTRY_SIZE, "nvmlProcessInfo_t (_v3 entry)");
+#if FK_V3_CC_ENTRY
+_Static_assert(offsetof(nvmlProcessInfo_t, usedGpuCcProtectedMemory) == 24, "CC memory offset");
+#endif
+#if FK_HAS_DETAIL_LIST
+_Static_assert(sizeof(nvmlProcessDetail_v1_t) == 32, "nvmlProcessDetail_v1_t");
+_Static_assert(offsetof(nvmlProcessDetail_v1_t, usedGpuCcProtectedMemory) == 24, "CC offset");
+_Static_assert(sizeof(nvmlProcessDetailList_v1_t) == 24, "nvmlProcessDetailList_v1_t");
+_Static_assert(nvmlProcessDetailList_v1 == 0x01000018, "nvmlProcessDetailList_v1 version");
+#endif
+#if FK_HAS_CONF_COMPUTE
+_Static_assert(sizeof(nvmlConfComputeMemSizeInfo_t) == 16, "nvmlConfComputeMemSizeInfo_t");
+#endif
 _Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "process utilization sample");
 _Static_assert(offsetof(nvmlProcessUtilizationSample_t, timeStamp) == 8, "timeStamp offset");
 _Static_assert(offsetof(nvmlProcessUtilizationSample_t, decUtil) == 28, "decUtil offset");
@@ -182,7 +243,10 @@ _Static_assert(NVML_ERROR_GPU_IS_LOST == 15 && NVML_ERROR_NOT_SUPPORTED == 3 &&
     X(nvmlDeviceGetMaxMigDeviceCount) X(nvmlDeviceGetMigDeviceHandleByIndex)                      \
     X(nvmlDeviceIsMigDeviceHandle) X(nvmlDeviceGetDeviceHandleFromMigDeviceHandle)                \
     X(nvmlDeviceGetGpuInstanceId) X(nvmlDeviceGetComputeInstanceId) X(nvmlDeviceGetSerial)      \
-    X(nvmlDeviceGetVbiosVersion) X(nvmlDeviceGetTemperatureThreshold)
+    X(nvmlDeviceGetVbiosVersion) X(nvmlDeviceGetTemperatureThreshold)                          \
+    X(nvmlDeviceGetComputeRunningProcesses) X(nvmlDeviceGetGraphicsRunningProcesses)              \
+    X(nvmlDeviceGetMPSComputeRunningProcesses) X(nvmlDeviceGetRunningProcessDetailList)           \
+    X(nvmlDeviceGetConfComputeMemSizeInfo)
 
 #define FK_ENUM(name) SYM_##name,
 #define FK_NAME(name) #name,
@@ -240,6 +304,7 @@ typedef struct {
     unsigned int pid;
     int na;
     fk_seg used;
+    unsigned long long cc; /* usedGpuCcProtectedMemory (32-byte entries only) */
 } fk_proc;
 
 #define FK_PROC_KINDS 3
@@ -528,6 +593,16 @@ static int fk_parse_procs(fk_proc **procs, int *nproc, char *val) {
         *colon = 0;
         p->pid = (unsigned int)strtoul(tok, &end, 10);
         if (end == tok || *end) return -1;
+        char *cc = strchr(colon + 1, ':'); /* PID:USED:CC */
+        if (cc) {
+            *cc++ = 0;
+            if (strcmp(cc, "na") == 0) {
+                p->cc = FK_NOT_AVAILABLE;
+            } else {
+                p->cc = strtoull(cc, &end, 0);
+                if (end == cc || *end) return -1;
+            }
+        }
         if (strcmp(colon + 1, "na") == 0) {
             p->na = 1;
         } else {
@@ -1205,7 +1280,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
     DEV_RETURN(NVML_SUCCESS);
 }
 
-#ifndef FAKENVML_LEGACY /* an older driver: nvmlDeviceGetMemoryInfo and GetTemperature only */
+#if FK_HAS_MEMORY_V2 /* before 510.39.01: nvmlDeviceGetMemoryInfo only */
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
     DEV_ENTER_ANY(nvmlDeviceGetMemoryInfo_v2)
     if (!memory) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
@@ -1259,7 +1334,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device,
     DEV_RETURN(NVML_SUCCESS);
 }
 
-#ifndef FAKENVML_LEGACY /* an older driver: nvmlDeviceGetMemoryInfo and GetTemperature only */
+#if FK_HAS_TEMPERATURE_V /* before 565.57.01: nvmlDeviceGetTemperature only */
 EXPORT nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device,
                                               nvmlTemperature_t *temperature) {
     DEV_ENTER(nvmlDeviceGetTemperatureV)
@@ -1329,9 +1404,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *curr
     DEV_RETURN(NVML_SUCCESS);
 }
 
-/* Drivers before the rename to "clocks event" reasons have only the "throttle" name; newer
- * ones keep it, deprecated. */
-#ifndef FAKENVML_LEGACY
+/* Drivers before the rename to "clocks event" reasons (535.43.02) have only the "throttle"
+ * name; newer ones keep it, deprecated. */
+#if FK_HAS_CLOCKS_EVENT
 EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
                                                            unsigned long long *clocksEventReasons) {
     DEV_ENTER(nvmlDeviceGetCurrentClocksEventReasons)
@@ -1356,59 +1431,108 @@ typedef struct {
     unsigned int gi, ci;
 } fk_plist;
 
-/* The v3 two-call protocol over the process list `kind` of a GPU outside MIG mode (ids
- * FK_NO_INSTANCE), of a MIG device, or of a GPU in MIG mode (its MIG devices' lists, in
- * index order: NVML's aggregate view; the GPU's own list is not used then). */
-static nvmlReturn_t fk_running_processes(const fk_dev *d, const fk_mig *m, int kind,
-                                         unsigned int *infoCount, nvmlProcessInfo_t *infos) {
-    if (!infoCount) return NVML_ERROR_INVALID_ARGUMENT;
-    fk_plist lists[FK_MAX_MIG];
-    int nl = 0;
+/* The entries of the process list `kind` of a GPU outside MIG mode (ids FK_NO_INSTANCE), of a
+ * MIG device, or of a GPU in MIG mode (its MIG devices' lists, in index order: NVML's aggregate
+ * view; the GPU's own list is not used then): the sources and their total count. */
+static unsigned int fk_process_sources(const fk_dev *d, const fk_mig *m, int kind,
+                                       fk_plist lists[FK_MAX_MIG], int *nl) {
+    *nl = 0;
     if (m) {
-        lists[nl++] = (fk_plist){m->procs[kind], m->nproc[kind], m->gi, m->ci};
+        lists[(*nl)++] = (fk_plist){m->procs[kind], m->nproc[kind], m->gi, m->ci};
     } else if (fk_mig_on(d)) {
         for (int i = 0; i < FK_MAX_MIG; i++)
             if (d->mig[i].present)
-                lists[nl++] = (fk_plist){d->mig[i].procs[kind], d->mig[i].nproc[kind],
-                                         d->mig[i].gi, d->mig[i].ci};
+                lists[(*nl)++] = (fk_plist){d->mig[i].procs[kind], d->mig[i].nproc[kind],
+                                            d->mig[i].gi, d->mig[i].ci};
     } else {
-        lists[nl++] = (fk_plist){d->procs[kind], d->nproc[kind], FK_NO_INSTANCE, FK_NO_INSTANCE};
+        lists[(*nl)++] =
+            (fk_plist){d->procs[kind], d->nproc[kind], FK_NO_INSTANCE, FK_NO_INSTANCE};
     }
-    unsigned int n = 0, cap = *infoCount;
-    for (int l = 0; l < nl; l++) n += (unsigned int)lists[l].n;
+    unsigned int n = 0;
+    for (int l = 0; l < *nl; l++) n += (unsigned int)lists[l].n;
+    return n;
+}
+
+/* Writes the n entries of `lists` into `out`, `size` bytes apart, in the layout every
+ * nvml.h gives them: pid at 0, usedGpuMemory at 8; from 24 bytes gpuInstanceId at 16 and
+ * computeInstanceId at 20; with 32 bytes usedGpuCcProtectedMemory at 24 (the _v3 entries of
+ * 535.43.02-535.86.x and nvmlProcessDetail_v1_t). */
+static void fk_write_entries(const fk_plist *lists, int nl, unsigned char *out, size_t size) {
+    double rel = fk_now() - S->t0;
+    for (int l = 0; l < nl; l++)
+        for (int i = 0; i < lists[l].n; i++, out += size) {
+            const fk_proc *p = &lists[l].procs[i];
+            double used = p->used.base + p->used.slope * rel;
+            unsigned long long mem =
+                p->na ? FK_NOT_AVAILABLE : (used > 0 ? (unsigned long long)(used + 0.5) : 0);
+            memset(out, 0, size);
+            memcpy(out, &p->pid, 4);
+            memcpy(out + 8, &mem, 8);
+            if (size >= 24) {
+                memcpy(out + 16, &lists[l].gi, 4);
+                memcpy(out + 20, &lists[l].ci, 4);
+            }
+            if (size >= 32) memcpy(out + 24, &p->cc, 8);
+        }
+}
+
+/* NVML's two-call protocol over the process list `kind`, entries `size` bytes each. */
+static nvmlReturn_t fk_running_processes(const fk_dev *d, const fk_mig *m, int kind,
+                                         unsigned int *infoCount, void *infos, size_t size) {
+    if (!infoCount) return NVML_ERROR_INVALID_ARGUMENT;
+    fk_plist lists[FK_MAX_MIG];
+    int nl;
+    unsigned int cap = *infoCount, n = fk_process_sources(d, m, kind, lists, &nl);
     *infoCount = n;
     if (n == 0) return NVML_SUCCESS;
     if (!infos || cap < n) return NVML_ERROR_INSUFFICIENT_SIZE;
-    double rel = fk_now() - S->t0;
-    unsigned int out = 0;
-    for (int l = 0; l < nl; l++)
-        for (int i = 0; i < lists[l].n; i++, out++) {
-            const fk_proc *p = &lists[l].procs[i];
-            double used = p->used.base + p->used.slope * rel;
-            infos[out].pid = p->pid;
-            infos[out].usedGpuMemory = p->na ? FK_NOT_AVAILABLE
-                                             : (used > 0 ? (unsigned long long)(used + 0.5) : 0);
-            infos[out].gpuInstanceId = lists[l].gi;
-            infos[out].computeInstanceId = lists[l].ci;
-        }
+    fk_write_entries(lists, nl, infos, size);
     return NVML_SUCCESS;
 }
 
-/* The three lists in two versions with the same 24-byte entry: _v2 (the drivers that brought
- * MIG) and _v3. A legacy build (FAKENVML_LEGACY) is an older driver that has only _v2. */
-#define FK_PROCESS_LIST(name, kind, entry)                                                 \
-    EXPORT nvmlReturn_t name(nvmlDevice_t device, unsigned int *infoCount, entry *infos) { \
-        DEV_ENTER_ANY(name)                                                                \
-        DEV_RETURN(fk_running_processes(d, m, kind, infoCount, infos));                    \
+/* The three lists in each version the branch has: unversioned (16-byte v1 entries; every
+ * driver keeps them), _v2 (24 bytes, from the drivers that brought MIG) and _v3 (510.39.01 on;
+ * not in 535.98), whose entry is nvmlProcessInfo_t: 24 bytes, 32 in 535.43.02-535.86.x. */
+#define FK_PROCESS_LIST(name, kind, entry)                                                  \
+    EXPORT nvmlReturn_t name(nvmlDevice_t device, unsigned int *infoCount, entry *infos) {  \
+        DEV_ENTER_ANY(name)                                                                 \
+        DEV_RETURN(fk_running_processes(d, m, kind, infoCount, infos, sizeof(entry)));      \
     }
 
-FK_PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses_v2, 0, nvmlProcessInfo_v2_t)
-FK_PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses_v2, 1, nvmlProcessInfo_v2_t)
-FK_PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v2, 2, nvmlProcessInfo_v2_t)
-#ifndef FAKENVML_LEGACY
+FK_PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses, 0, nvmlProcessInfo_v1_t)
+FK_PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses, 1, nvmlProcessInfo_v1_t)
+FK_PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses, 2, nvmlProcessInfo_v1_t)
+FK_PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses_v2, 0, FK_V2_ENTRY)
+FK_PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses_v2, 1, FK_V2_ENTRY)
+FK_PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v2, 2, FK_V2_ENTRY)
+#if FK_HAS_V3_LISTS
 FK_PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses_v3, 0, nvmlProcessInfo_t)
 FK_PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses_v3, 1, nvmlProcessInfo_t)
 FK_PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v3, 2, nvmlProcessInfo_t)
+#endif
+
+#if FK_HAS_DETAIL_LIST
+/* 535.104.05 on: one versioned call for the three lists (mode 0..2), 32-byte entries that
+ * carry usedGpuCcProtectedMemory. */
+EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device,
+                                                          nvmlProcessDetailList_t *plist) {
+    DEV_ENTER_ANY(nvmlDeviceGetRunningProcessDetailList)
+    if (!plist || plist->version != nvmlProcessDetailList_v1 || plist->mode > 2)
+        DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    DEV_RETURN(fk_running_processes(d, m, (int)plist->mode, &plist->numProcArrayEntries,
+                                    plist->procArray, sizeof(nvmlProcessDetail_v1_t)));
+}
+#endif
+
+#if FK_HAS_CONF_COMPUTE
+/* 535.43.02 on; the fake's GPUs are not confidential-computing ones (as most GPUs). */
+EXPORT nvmlReturn_t nvmlDeviceGetConfComputeMemSizeInfo(nvmlDevice_t device,
+                                                        nvmlConfComputeMemSizeInfo_t *memInfo) {
+    DEV_ENTER(nvmlDeviceGetConfComputeMemSizeInfo)
+    (void)d;
+    if (!memInfo) DEV_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    DEV_RETURN(NVML_ERROR_NOT_SUPPORTED);
+}
 #endif
 
 EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,

@@ -4,7 +4,10 @@
 ``tests/fakenvml/build/``) and returns the path of ``libnvidia-ml.so.1``.
 
 ``fake_nvml_legacy_library`` (session) and ``legacy_nvml`` (per test): the same for the
-legacy build, an older driver's library (``build_fake(..., legacy=True)``).
+oldest driver branch, r470 (``build_fake(..., driver="r470")``).
+
+``nvml_driver`` (per test): ``nvml_driver("r535.43")`` is a :class:`FakeNvml` on that branch's
+build (``build.DRIVERS``: its entry points, its process entry sizes).
 
 ``fake_nvml`` (per test): a :class:`FakeNvml` whose scenario file lives in ``tmp_path``; it sets
 ``FAKE_NVML_SCENARIO`` for this process (the fake reads it at every ``nvmlInit``) and gives
@@ -21,13 +24,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .build import build_fake
+from .build import DRIVERS, build_fake
 
 BUILD_DIR = Path(__file__).resolve().parent / "build"
 
@@ -132,8 +135,8 @@ def fake_nvml_library() -> Path:
 
 @pytest.fixture(scope="session")
 def fake_nvml_legacy_library() -> Path:
-    """Path of the legacy build of the fake: an older driver's ``libnvidia-ml.so.1``."""
-    return build_fake(BUILD_DIR, legacy=True)
+    """Path of the fake built as the oldest driver branch (r470)'s ``libnvidia-ml.so.1``."""
+    return build_fake(BUILD_DIR, driver="r470")
 
 
 def _fake(library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeNvml]:
@@ -159,5 +162,31 @@ def fake_nvml(
 def legacy_nvml(
     fake_nvml_legacy_library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[FakeNvml]:
-    """:func:`fake_nvml` on the legacy build (an older driver)."""
+    """:func:`fake_nvml` on the r470 build (an older driver)."""
     yield from _fake(fake_nvml_legacy_library, tmp_path, monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_driver_libraries() -> dict[str, Path]:
+    """Every driver branch's build of the fake (``build.DRIVERS``), by branch name."""
+    return {branch: build_fake(BUILD_DIR, driver=branch) for branch in DRIVERS}
+
+
+@pytest.fixture
+def nvml_driver(
+    fake_nvml_driver_libraries: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[str], FakeNvml]]:
+    """``nvml_driver(branch)``: :func:`fake_nvml` on the build of that driver branch (one a
+    test: the fake reads ``$FAKE_NVML_SCENARIO``, which names the last one made)."""
+    opened: list[Iterator[FakeNvml]] = []
+
+    def make(branch: str) -> FakeNvml:
+        directory = tmp_path / branch
+        directory.mkdir()
+        fakes = _fake(fake_nvml_driver_libraries[branch], directory, monkeypatch)
+        opened.append(fakes)
+        return next(fakes)
+
+    yield make
+    for fakes in opened:
+        next(fakes, None)  # closes its sources
