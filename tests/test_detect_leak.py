@@ -127,7 +127,8 @@ def test_fast_leak_near_the_limit_is_urgent():
     alerts = [a for a in alerts_of(pts) if a.kind == LEAK]
     assert alerts and alerts[0].severity == "critical"
     assert alerts[0].time - 7200 < 40 * 60
-    assert alerts[0].eta_s is not None and alerts[0].eta_s <= 1800
+    # confirmed (from the growth since it began, or urgently) with half an hour or so left
+    assert alerts[0].eta_s is not None and alerts[0].eta_s <= 2400
 
 
 def test_tenant_change_resets_evidence():

@@ -1,4 +1,4 @@
-"""The leak suspicion stage (otel_gpu/detect/suspect.py): a CUSUM on the floor's increments
+"""The leak suspicion stage (otel_gpu/detect/suspect.py): a CUSUM on the floor's rise
 whose threshold comes from a target false-suspicion rate; silent (no alert, no condition) and
 visible through the engine (issue 20 §1)."""
 
@@ -25,20 +25,22 @@ def test_the_threshold_follows_the_target_false_suspicion_rate() -> None:
     assert threshold(0.1, 960.0) < threshold(0.1, 60.0)
 
 
-def test_flat_noise_raises_suspicions_near_the_target_rate() -> None:
+@pytest.mark.parametrize("noise", ["gauss", "uniform"])
+def test_flat_noise_raises_suspicions_near_the_target_rate(noise: str) -> None:
     rng = random.Random(3)
     per_day = 1.0
-    c = Cusum(threshold(per_day, 60.0), 1 * MIB, 0.0)
+    c = Cusum(threshold(per_day, 60.0), 1 * MIB)
     days = 30
     started = 0
     for i in range(days * 1440):
-        started += c.feed(i * 60.0, 10e9 + rng.gauss(0, 4 * MIB))
+        x = rng.gauss(0, 4 * MIB) if noise == "gauss" else rng.uniform(0, 300 * MIB)
+        started += c.feed(i * 60.0, 10e9 + x)
     # Siegmund's approximation for Gaussian increments: within a factor of a few of the target
     assert started <= 3 * per_day * days, started
 
 
 def test_steady_growth_is_suspected_within_minutes_and_flat_floor_ends_it() -> None:
-    c = Cusum(threshold(0.1, 60.0), 1 * MIB, 0.0)
+    c = Cusum(threshold(0.1, 60.0), 1 * MIB)
     rng = random.Random(1)
     floor = 10e9
     for i in range(60):  # an hour flat: nothing
@@ -59,20 +61,54 @@ def test_a_suspicion_is_silent_and_visible_through_the_engine() -> None:
     tr = generate("leak", seed=2, interval_s=60.0, noise="nvml", duration_s=8 * 3600.0)
     engine, quiet = Engine(DetectConfig()), Engine(DetectConfig(leak_suspect_enabled=False))
     subject = "process:1@GPU-0"
-    first_suspicion = first_alert = None
+    first_suspicion = first_alert = quiet_alert = None
     for p in tr.points:
         a, b = engine.observe(subject, p), quiet.observe(subject, p)
+        if b and quiet_alert is None:
+            quiet_alert = p.time
+        if first_alert is None:
+            # until it is confirmed, a suspicion raises nothing and holds no breaker open
+            assert [x.time for x in a] == [x.time for x in b] or a
+            assert engine.active_kinds(subject) == quiet.active_kinds(subject) or a
         if a and first_alert is None:
             first_alert = p.time
-        # by default the suspicion changes no alert and no condition
-        assert [x.time for x in a] == [x.time for x in b]
-        assert engine.active_kinds(subject) == quiet.active_kinds(subject)
         if first_suspicion is None and engine.suspected(subject) is not None:
             first_suspicion = p.time
     assert first_suspicion is not None and tr.onset_s is not None
     assert tr.onset_s <= first_suspicion
     assert first_alert is not None and first_suspicion < first_alert  # attribution starts first
+    # ... and confirmation comes sooner with it (growth.py) than from the fixed windows alone
+    assert quiet_alert is not None and first_alert < quiet_alert
     assert quiet.suspected(subject) is None
+
+
+def test_the_change_point_is_where_the_floor_began_to_rise() -> None:
+    c = Cusum(threshold(0.1, 60.0), 1 * MIB)
+    rng = random.Random(5)
+    floor = 10e9
+    for i in range(90):
+        c.feed(i * 60.0, floor + rng.uniform(0, 30 * MIB))
+    for i in range(90, 150):  # 600 MB/h from t = 5340 s (bucket 89 was the last flat one)
+        floor += 10e6
+        c.feed(i * 60.0, floor + rng.uniform(0, 30 * MIB))
+    assert c.since is not None and c.origin is not None
+    assert 88 * 60.0 <= c.origin <= 92 * 60.0, c.origin
+
+
+def test_a_step_that_ended_ends_the_suspicion() -> None:
+    c = Cusum(threshold(0.1, 60.0), 1 * MIB)
+    for i in range(60):
+        c.feed(i * 60.0, 10e9)
+    suspected = ended = None
+    for i in range(60, 200):
+        c.feed(i * 60.0, 12e9)  # a curriculum step: suspected at once ...
+        if suspected is None and c.since is not None:
+            suspected = i
+        if suspected is not None and c.since is None:
+            ended = i
+            break
+    assert suspected is not None and suspected - 60 <= 2, suspected
+    assert ended is not None and ended - suspected <= 20, ended  # ... over once it stays flat
 
 
 def test_a_reset_clears_the_suspicion() -> None:

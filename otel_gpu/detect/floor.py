@@ -1,7 +1,7 @@
 """The floor of a memory series and the judgement of one window of it (see ``leak.py``).
 
 The floor is kept as bucket minima at several resolutions, each as a two-bucket lower
-envelope, in bounded state: LEVELS levels x CAPACITY values. ``judge`` says whether one window
+envelope, in bounded state: LEVELS levels x CAPACITIES values. ``judge`` says whether one window
 of it shows a steady leak; the leak detector decides which windows to judge and when to alert.
 """
 
@@ -17,6 +17,9 @@ from otel_gpu.detect.settings import DetectConfig
 LEVEL_FACTOR = 4
 LEVELS = 4
 CAPACITY = 33  # 32 two-bucket envelope values
+# The two finest levels keep twice as many: the growth since a suspicion's change point and the
+# floor before it are read from them (growth.py), up to 64 min and 256 min back.
+CAPACITIES = (2 * CAPACITY - 1, 2 * CAPACITY - 1, CAPACITY, CAPACITY)
 
 
 def median(values: list[float]) -> float:
@@ -61,12 +64,12 @@ class FloorLevel:
         "shapes",
     )
 
-    def __init__(self, width: float) -> None:
+    def __init__(self, width: float, capacity: int = CAPACITY) -> None:
         self.width = width
         # Envelope value i covers closed buckets i and i + 1: mean of their mean sample times,
         # min of their minima. Built once per close, so windows are plain slices.
-        self.env_t: deque[float] = deque(maxlen=CAPACITY - 1)
-        self.env_y: deque[float] = deque(maxlen=CAPACITY - 1)
+        self.env_t: deque[float] = deque(maxlen=capacity - 1)
+        self.env_y: deque[float] = deque(maxlen=capacity - 1)
         self.last_t = 0.0  # the latest closed bucket (valid once last_y is not None)
         self.last_y: float | None = None
         self.idx = -1

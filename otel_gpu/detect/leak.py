@@ -1,6 +1,6 @@
 """Leak detector: sustained, steady growth of a memory series' floor.
 
-Method (per subject, bounded state: 4 levels x 32 envelope values):
+Method (per subject, bounded state: 4 levels x 64/64/32/32 envelope values):
 
 1. The memory series is decimated into bucket minima at four resolutions (``leak_bucket_s``
    x 1, 4, 16, 64). Windows are judged on the two-bucket lower envelope of the minima, the
@@ -24,7 +24,15 @@ Method (per subject, bounded state: 4 levels x 32 envelope values):
    shared device) resets the evidence. One alert per leak; the reported rate comes from the
    longest agreeing window. A finding is only alerted while the floor still rises now (the
    shortest window of an ordinary alert's length agrees), so growth that ended is not news.
-6. The leak stays *active* (a Condition) until a window at least as long as the one that found
+6. The suspicion stage (``suspect.py``: a CUSUM per finer level) dates where the floor began
+   to rise. While one stands, the growth since that change point is judged on its own
+   (``growth.py``): a leak once it is ``leak_suspect_window_s`` long, passes the tests of 2.,
+   rose from a flat floor with no release before it, and is steadier than a cache filling with
+   time constant ``leak_cache_tau_s`` could be; no look-back needed, so a clear leak is
+   confirmed about half an hour after it starts. Any finding whose growth since the change
+   point slows down beyond noise is vetoed (a cache that began filling after a flat stretch,
+   which the fixed windows straddle and so cannot see slow down).
+7. The leak stays *active* (a Condition) until a window at least as long as the one that found
    it shows the floor no longer rising, or the evidence resets; meanwhile its rate and time to
    exhaustion are re-estimated from that window as buckets close.
 """
@@ -39,6 +47,7 @@ from typing import ClassVar
 from otel_gpu.core.units import duration
 from otel_gpu.detect.detector import NO_ALERTS, Condition, gb
 from otel_gpu.detect.floor import (
+    CAPACITIES,
     LEVEL_FACTOR,
     LEVELS,
     FloorLevel,
@@ -51,6 +60,7 @@ from otel_gpu.detect.floor import (
     median,
     theil_sen,
 )
+from otel_gpu.detect.growth import confirm, decelerating
 from otel_gpu.detect.model import (
     LEAK,
     PHASE_EVALUATE,
@@ -95,7 +105,9 @@ class LeakDetector:
 
     def __init__(self, cfg: DetectConfig) -> None:
         self.cfg = cfg
-        self.levels = [FloorLevel(cfg.leak_bucket_s * LEVEL_FACTOR**k) for k in range(LEVELS)]
+        self.levels = [
+            FloorLevel(cfg.leak_bucket_s * LEVEL_FACTOR**k, CAPACITIES[k]) for k in range(LEVELS)
+        ]
         self.active = False
         self.active_window = 0.0
         self.last_procs: int | None = None
@@ -114,13 +126,11 @@ class LeakDetector:
                 Cusum(
                     threshold(cfg.leak_suspect_per_day / SUSPECT_LEVELS, level.width),
                     cfg.leak_noise_floor_bytes,
-                    cfg.leak_min_rate_bytes_per_s * level.width,
                 )
                 for level in self.levels[:SUSPECT_LEVELS]
             )
         self.suspected_at: float | None = None  # data time of the latest suspicion's start
-        # The trend tests while a suspicion stands: a second, independent piece of evidence
-        # lets a shorter, less significant window confirm.
+        # The trend tests of the growth since a suspicion's change point (growth.py).
         self._relaxed = cfg.replace(
             leak_min_z=min(cfg.leak_min_z, cfg.leak_suspect_min_z),
             leak_min_steps=min(cfg.leak_min_steps, cfg.leak_suspect_min_steps),
@@ -152,17 +162,6 @@ class LeakDetector:
         """The data time the standing suspicion began (None: none stands)."""
         standing = [c.since for c in self.suspects if c.since is not None]
         return min(standing) if standing else None
-
-    def _tests(self) -> DetectConfig:
-        """The trend tests' settings now: relaxed while a suspicion stands."""
-        return self._relaxed if self.suspected() is not None else self.cfg
-
-    def _min_window(self) -> float:
-        """The shortest window of an ordinary alert: shorter while a suspicion stands."""
-        cfg = self.cfg
-        if self.suspected() is not None:
-            return min(cfg.leak_min_window_s, cfg.leak_suspect_window_s)
-        return cfg.leak_min_window_s
 
     def reset(self) -> None:
         for c in self.suspects:
@@ -237,14 +236,37 @@ class LeakDetector:
                 finding = found
         if fine.last_y is not None:
             self.last_floor = fine.last_y
-        if finding is not None and not self.active and self._still_rising(finding):
+        if self.active or not closed:
+            return NO_ALERTS
+        origins = [c.origin for c in self.suspects if c.origin is not None]
+        if finding is not None and any(decelerating(levels, o, self.cfg) for o in origins):
+            finding = None  # the growth since it began slows down: a cache filling up
+        fast = False
+        if finding is None:
+            finding = self._confirmed(t)
+            fast = finding is not None
+        if finding is not None and self._still_rising(finding):
             self.active = True
             self.active_window = finding.window_s
-            best = self._refined(finding)
+            # The growth segment's own rate is the best estimate; a fixed window's improves
+            # on the longest agreeing window.
+            best = finding if fast else self._refined(finding)
             self.since, self.rate = t, best.rate
             self.exhaust_at = None if best.eta_s is None else t + best.eta_s
-            return (leak_alert(subject, p, best),)
+            # (a fast finding's window is its growth segment: it began a window before t)
+            since = t - best.window_s if fast else None
+            return (leak_alert(subject, p, best, since),)
         return NO_ALERTS
+
+    def _confirmed(self, now: float) -> LeakFinding | None:
+        """A standing suspicion confirmed by the growth since its change point (growth.py)."""
+        # The change point of the finest standing suspicion: the most precise in time (a coarse
+        # CUSUM a little above 0 when the growth began dates it too early, and a flat start
+        # would hide how a cache slows down).
+        for c in self.suspects:
+            if c.since is not None and c.origin is not None:
+                return confirm(self.levels, c.origin, now, self.limit, self._relaxed)
+        return None
 
     def _refined(self, found: LeakFinding) -> LeakFinding:
         """The longest window that also shows a steady leak gives the best rate estimate."""
@@ -263,9 +285,7 @@ class LeakDetector:
 
     def _judge_level(self, level: FloorLevel) -> LeakFinding | None:
         cfg = self.cfg
-        min_window = self._min_window()
-        tests = self._tests()
-        shape_window = min(cfg.leak_min_window_s, self._shortest_window())
+        min_window = shape_window = cfg.leak_min_window_s
         best: LeakFinding | None = None
         for size in WINDOWS:
             env_t, env_y = level.env_t, level.env_y
@@ -281,7 +301,7 @@ class LeakDetector:
             ):
                 continue
             ts, ys = envelope(level, size)
-            found, saturating = judge(ts, ys, self.limit, tests)
+            found, saturating = judge(ts, ys, self.limit, cfg)
             if length >= 0.9 * shape_window:
                 # Only windows this long can veto a candidate (see _vetted).
                 level.shapes[size] = WindowShape(length, saturating, ys)
@@ -349,12 +369,6 @@ class LeakDetector:
         span = median(ts[-q:]) - median(ts[:q])
         return rise >= self.cfg.leak_min_spread * found.rate * span
 
-    def _shortest_window(self) -> float:
-        """The shortest ordinary window this detector may ever judge."""
-        if not self.suspects:
-            return self.cfg.leak_min_window_s
-        return self.cfg.leak_suspect_window_s
-
     def _may_be_urgent(self, length: float, first: float, last: float) -> bool:
         """Crude rate (last - first) reaches the limit within the urgent horizon."""
         if self.limit is None or length <= 0:
@@ -384,8 +398,9 @@ class LeakDetector:
         return context
 
 
-def leak_alert(subject: str, p: Point, f: LeakFinding) -> Alert:
-    """The alert for a leak found at point ``p``."""
+def leak_alert(subject: str, p: Point, f: LeakFinding, rising_since: float | None = None) -> Alert:
+    """The alert for a leak found at point ``p``; ``rising_since``: the data time the growth
+    began, when the growth since a suspicion's change point confirmed it (growth.py)."""
     mb_per_h = f.rate * 3600 / 1e6
     parts = [
         f"memory leak suspected: floor rising {mb_per_h:.0f} MB/h "
@@ -396,6 +411,13 @@ def leak_alert(subject: str, p: Point, f: LeakFinding) -> Alert:
     if f.eta_s is not None:
         parts.append(f"limit reached in ~{duration(f.eta_s)}")
     critical = f.urgent or (f.eta_s is not None and f.eta_s <= 3600)
+    evidence: dict[str, float | str] = {
+        "z": round(f.z, 2),
+        "floor_bytes": f.floor,
+        "urgent": str(f.urgent).lower(),
+    }
+    if rising_since is not None:
+        evidence["rising_since_s"] = rising_since
     return Alert(
         kind=LEAK,
         subject=subject,
@@ -406,5 +428,5 @@ def leak_alert(subject: str, p: Point, f: LeakFinding) -> Alert:
         eta_s=f.eta_s,
         window_s=f.window_s,
         confidence=f.confidence,
-        evidence={"z": round(f.z, 2), "floor_bytes": f.floor, "urgent": str(f.urgent).lower()},
+        evidence=evidence,
     )

@@ -110,7 +110,7 @@ class DetectConfig:
     leak_suspect_enabled: bool = _declare(
         True,
         boolean,
-        "the suspicion stage: a CUSUM on the floor's increments that starts attribution early",
+        "the suspicion stage: a CUSUM on the floor's rise that starts attribution early",
     )
     leak_suspect_per_day: float = _declare(
         0.1,
@@ -118,17 +118,22 @@ class DetectConfig:
         "target false suspicions per subject per day without a leak (sets the CUSUM threshold)",
     )
     leak_suspect_window_s: float = _declare(
+        1800.0,
+        _POSITIVE,
+        "a suspicion is confirmed from the growth since its change point once it is this long",
+    )
+    leak_cache_tau_s: float = _declare(
         3600.0,
         _POSITIVE,
-        "while a suspicion stands, the shortest evidence window of an ordinary leak alert",
+        "... and steadier than a cache filling toward its cap with this time constant could be",
     )
     leak_suspect_min_z: float = _declare(
-        6.0, _POSITIVE, "while a suspicion stands, the slope significance a window needs"
+        6.0, _POSITIVE, "the slope significance the growth since a suspicion's change point needs"
     )
     leak_suspect_min_steps: float = _declare(
         6.0,
         number(1, accepted="expected a number >= 1"),
-        "while a suspicion stands, the effective steps the growth must come from",
+        "the effective steps that growth must come from",
     )
     # --- stall: memory held while the GPU does no useful work --------------------------------
     stall_enabled: bool = _declare(True, boolean, "run the stall detector")
