@@ -69,7 +69,7 @@ def _agent_modules() -> frozenset[str]:
     frame in one of them is the agent's, wherever the job's copy is installed."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     root = os.path.dirname(package)
-    found = set()
+    found: set[str] = set()
     for top, _dirs, files in os.walk(package):
         rel = os.path.relpath(top, root)
         found.update(os.path.join(rel, f) for f in files if f.endswith(".py"))
