@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -110,6 +111,21 @@ def test_the_view_shows_a_floor_rate_only_once_the_detector_could_mean_it(minute
     sweep = Sweep(snap, [(subject, Point(1000.0))], engine, Breaker())
     frame = build_frame(sweep, started=1000.0 - 60.0 * minutes)
     assert (frame.processes[0].trend is not None) == shown
+
+
+@pytest.mark.unit
+def test_a_process_that_just_exited_keeps_its_name_while_nvml_still_lists_it() -> None:
+    seen: dict[int, str] = {}
+    first = build_frame(Sweep(snapshot(2), [], None, None), started=1000.0, seen=seen)
+    assert [p.name for p in first.processes] == ["rank1", "rank0"]
+    # The job exited: the process tree no longer has PID 11, NVML still lists host PID 1001.
+    gone = dataclasses.replace(snapshot(2), processes=snapshot(2).processes[:1])
+    frame = build_frame(Sweep(gone, [], None, None), started=1000.0, seen=seen)
+    assert [(p.pid, p.name) for p in frame.processes] == [(11, "rank1"), (10, "rank0")]
+    # Without what was seen (a first frame), the name is unknown, and said so.
+    alone = build_frame(Sweep(gone, [], None, None), started=1000.0)
+    assert [p.name for p in alone.processes] == ["?", "rank0"]
+    assert set(seen) == {10, 11}  # only the rows' PIDs are kept
 
 
 @pytest.mark.unit

@@ -78,10 +78,16 @@ def _meant(observed_s: float, engine: Any, leaking: bool) -> bool:
 
 
 def build_frame(
-    sweep: Sweep, started: float, last_alert: Alert | None = None, training: str | None = None
+    sweep: Sweep,
+    started: float,
+    last_alert: Alert | None = None,
+    training: str | None = None,
+    seen: dict[int, str] | None = None,
 ) -> Frame:
     """The frame of ``sweep``; ``started`` is the data time of the first sweep; ``training``
-    the trainers' phase and step for the title."""
+    the trainers' phase and step for the title. ``seen``: the names of the rows' processes in
+    the last frame, kept up to date here — a process that has just exited but that NVML still
+    lists keeps the name it had (rather than ``?``)."""
     snap = sweep.snapshot
     names = labels(snap)
     states: dict[str, str] = {}
@@ -120,7 +126,11 @@ def build_frame(
         rows.append(
             ProcessRow(
                 local,
-                printable((p.executable_name if p is not None else None) or "?"),
+                printable(
+                    (p.executable_name if p is not None else None)
+                    or (seen.get(local) if seen is not None else None)
+                    or "?"
+                ),
                 gpu_label(index.get(gp.gpu_uuid), gp.gpu_uuid).split()[0],
                 gp.used_memory,
                 trend.rate if trend is not None else None,
@@ -129,6 +139,10 @@ def build_frame(
                 p.memory_rss if p is not None else None,
             )
         )
+    if seen is not None:  # bounded: only the rows of this frame
+        named = {r.pid: r.name for r in rows if r.name != "?"}
+        seen.clear()
+        seen.update(named)
     counts: dict[str, int] = {}
     for state in states.values():
         counts[state] = counts.get(state, 0) + 1

@@ -91,6 +91,7 @@ class LiveView:
         # The trainers' phase and step for the title (``phase train  step 1234``), read on the
         # sampler thread when each frame is built; None when no trainer is joined.
         self.training: Callable[[], str | None] | None = None
+        self._names: dict[int, str] = {}  # the last frame's process names (sampler thread)
 
     # -- sampler thread -----------------------------------------------------------------------
 
@@ -101,7 +102,7 @@ class LiveView:
         if self._started is None:
             self._started = sweep.snapshot.time
         training = self.training() if self.training is not None else None
-        self._frame = build_frame(sweep, self._started, self._last_alert, training)
+        self._frame = build_frame(sweep, self._started, self._last_alert, training, self._names)
         self._wake.set()
 
     # -- the view's thread --------------------------------------------------------------------
