@@ -23,8 +23,6 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from prometheus_client.parser import text_string_to_metric_families
-
 
 @dataclass(frozen=True, slots=True)
 class EngineNames:
@@ -86,6 +84,9 @@ class ServerState:
 def parse_exposition(text: str, time: float) -> ServerState | None:
     """The normalized state of one Prometheus text exposition; None when no known engine's
     metrics are in it. Raises ValueError on text that is not the exposition format."""
+    # Imported here: only a serving replica's scrape needs the parser, not every agent.
+    from prometheus_client.parser import text_string_to_metric_families
+
     totals: dict[str, float] = {}
     highest: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
