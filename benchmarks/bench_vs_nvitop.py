@@ -1,6 +1,6 @@
 """The whole agent beside nvitop-exporter, CPU and memory measured from outside.
 
-    python benchmarks/bench_vs_nvitop.py [--seconds 30,60] [--venv DIR]
+    python benchmarks/bench_vs_nvitop.py [--seconds 30,60] [--venv DIR] [--profile DIR]
 
 Setup: the fake libnvidia-ml with 8 GPUs x 64 GPU processes (64 real, sleeping child
 processes, eight per GPU). Ours: ``otel-gpu run --interval 1 --export-interval 5`` launching
@@ -15,13 +15,20 @@ falls on both alike; each window starts after a 10 s warm-up that keeps start-up
 CPU is utime + stime from ``/proc/PID/stat`` at the window's ends; memory is the RSS summed over
 the measured processes at the end. Prints one row per window and ends with one JSON line
 {"name", "value", "baseline", "ratio", "unit"} for the longest window.
+
+``--profile DIR``: ``py-spy record`` (100 Hz, non-blocking) on the wrapper and on the helper
+during each window, the collapsed stacks written to DIR, the top frames by own and by inclusive
+samples printed per process. Profiling adds its own cost: the CPU figures of a profiled run are
+not the ones to quote.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -126,7 +133,43 @@ class Window:
         return cpu / CLK_TCK / wall, sum(rss_bytes(p) for p in self.pids)
 
 
-def measure(seconds: float, lib: Path, work: Path, peer: Path, sink: OtlpSink) -> dict:
+def record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+    """``py-spy record`` on one process for ``seconds``, collapsed stacks to ``out``."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    return subprocess.Popen(
+        [spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "100",
+         "--nonblocking", "--format", "raw", "--output", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def top_frames(collapsed: Path, most: int = 12) -> list[str]:
+    """The frames with the most own samples, and the most inclusive ones, of a raw profile."""
+    own: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = [
+            f.split(" (")[0] + " " + f.rsplit("/", 1)[-1].rstrip(")") for f in stack.split(";")
+        ]
+        own[frames[-1]] += n
+        for f in set(frames[1:]):  # the thread's name is the first entry
+            inclusive[f] += n
+    if not total:
+        return ["(no samples)"]
+    rows = [f"  own {100 * n / total:5.1f} %  {f}" for f, n in own.most_common(most)]
+    rows += [f"  all {100 * n / total:5.1f} %  {f}" for f, n in inclusive.most_common(most)]
+    return [f"{total} samples", *rows]
+
+
+def measure(
+    seconds: float, lib: Path, work: Path, peer: Path, sink: OtlpSink, profile: Path | None = None
+) -> dict:
     scen = work / "scenario.txt"
     scen.write_text(scenario([]))
     env = dict(os.environ)
@@ -152,6 +195,11 @@ def measure(seconds: float, lib: Path, work: Path, peer: Path, sink: OtlpSink) -
         time.sleep(WARMUP_S)
         helper = [c for c in children(ours.pid) if "otel_gpu.sampling.worker" in cmdline(c)]
         assert helper, "the sampling helper process is not running"
+        spies = []
+        if profile is not None:
+            for name, pid in (("wrapper", ours.pid), ("helper", helper[0])):
+                out = profile / f"{name}-{seconds:.0f}s.txt"
+                spies.append((name, out, record(pid, seconds, out)))
         mine = Window([ours.pid, *helper])
         peer_w = Window([theirs.pid, *children(theirs.pid)])
         scraped = 0
@@ -164,6 +212,10 @@ def measure(seconds: float, lib: Path, work: Path, peer: Path, sink: OtlpSink) -
             scraped += 1
         ours_cpu, ours_rss = mine.end()
         peer_cpu, peer_rss = peer_w.end()
+        for name, out, spy in spies:
+            spy.wait(timeout=30)
+            print(f"\nprofile of the {name} ({seconds:.0f} s window, {out}):")
+            print("\n".join(top_frames(out)) if out.exists() else "  (py-spy wrote nothing)")
         exports = len(sink.metric_requests) - before
         exported = {
             pt.attributes.get("process.pid")
@@ -204,14 +256,17 @@ def main() -> None:
         default=Path(tempfile.gettempdir()) / "otel-gpu-bench-nvitop-venv",
         help="virtualenv for nvitop-exporter (created once)",
     )
+    ap.add_argument("--profile", type=Path, help="py-spy the wrapper and helper into this folder")
     args = ap.parse_args()
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     peer = nvitop_venv(args.venv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp, OtlpSink() as sink:
         work = Path(tmp)
         lib = build_fake(work / "lib")
         for seconds in (float(s) for s in args.seconds.split(",")):
-            rows.append(measure(seconds, lib, work, peer, sink))
+            rows.append(measure(seconds, lib, work, peer, sink, args.profile))
     print(f"\n{GPUS} GPUs x {PROCS} GPU processes, 1 s sampling, both measured in the same windows")
     print(f"{'window':>8} | {'otel-gpu run':>20} | {'nvitop-exporter':>20} | {'ratio':>6}")
     print(f"{'':>8} | {'% core   RSS MiB':>20} | {'% core   RSS MiB':>20} |")
