@@ -201,6 +201,7 @@ def measure(
                 out = profile / f"{name}-{seconds:.0f}s.txt"
                 spies.append((name, out, record(pid, seconds, out)))
         mine = Window([ours.pid, *helper])
+        parts = Window([ours.pid]), Window(helper)
         peer_w = Window([theirs.pid, *children(theirs.pid)])
         scraped = 0
         deadline = time.monotonic() + seconds
@@ -211,6 +212,7 @@ def measure(
                 body = r.read()
             scraped += 1
         ours_cpu, ours_rss = mine.end()
+        (wrapper_cpu, wrapper_rss), (helper_cpu, helper_rss) = (w.end() for w in parts)
         peer_cpu, peer_rss = peer_w.end()
         for name, out, spy in spies:
             spy.wait(timeout=30)
@@ -231,6 +233,8 @@ def measure(
         return {
             "seconds": seconds,
             "ours_cpu": ours_cpu,
+            "wrapper": (wrapper_cpu, wrapper_rss),
+            "helper": (helper_cpu, helper_rss),
             "peer_cpu": peer_cpu,
             "ours_rss": ours_rss,
             "peer_rss": peer_rss,
@@ -275,6 +279,12 @@ def main() -> None:
             f"{r['seconds']:>6.0f} s | {100 * r['ours_cpu']:>6.2f} {r['ours_rss'] / 2**20:>10.0f}"
             f"    | {100 * r['peer_cpu']:>6.2f} {r['peer_rss'] / 2**20:>10.0f}"
             f"    | {r['ours_cpu'] / r['peer_cpu']:>6.2f}"
+        )
+    for r in rows:
+        (wc, wr), (hc, hr) = r["wrapper"], r["helper"]
+        print(
+            f"{r['seconds']:>6.0f} s   otel-gpu run's wrapper {100 * wc:.2f} % core {wr / 2**20:.0f} MiB,"
+            f" sampling helper {100 * hc:.2f} % core {hr / 2**20:.0f} MiB"
         )
     last = rows[-1]
     print(
