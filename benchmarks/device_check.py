@@ -9,9 +9,11 @@
 2. ``nvidia-smi`` per sample: wall time of one query, for comparison with a sweep.
 3. The agent beside a real CUDA training loop (torch): median step time without the agent and
    under ``otel-gpu run --interval 1 --exporter none``, and the wrapper + helper CPU.
-4. torch's memory history and a real CUDA out-of-memory error: the history records
-   allocations, the OOM is raised as ``torch.cuda.OutOfMemoryError``, and the agent still
-   samples through it.
+4. The leak attribution's GPU allocation sites and the OOM post-mortem, wired as in a trainer
+   (``memory.census`` with the allocator history switched on at a suspicion's census and off
+   at the confirmation): the planted leak's site ranked first, the cost of one allocation with
+   the history off, on and off again, and a real CUDA out-of-memory error caught by the
+   observer (``oom-<pid>.json`` with its sites, ``oom-<pid>.pickle`` loadable).
 
 Without a GPU (no driver, NVML's init fails, or no device) it says so, checks what it can (the
 fake's side of 1) and exits 0, so the script itself is tested on machines without a GPU.
@@ -286,25 +288,69 @@ def agent_beside_training(seconds: float) -> dict[str, Any]:
 
 
 MEMORY = """
-import json, torch
-torch.cuda.memory._record_memory_history(max_entries=1000)
-keep = [torch.empty(64 << 20, dtype=torch.uint8, device="cuda") for _ in range(4)]
-snap = torch.cuda.memory._snapshot()
-events = sum(len(t) for t in snap.get("device_traces", []))
-torch.cuda.memory._record_memory_history(enabled=None)
+import json, os, pickle, sys, tempfile, time
+import torch
+from otel_gpu.diagnose import cuda_memory as cm
+from otel_gpu.diagnose.memory_settings import MemorySettings
+from otel_gpu.tracing import memory_ops
+
+d = tempfile.mkdtemp()
+cm.watch_oom(d)  # before CUDA starts: attached at its initialisation
+torch.zeros(1, device="cuda")
+handle = memory_ops.census_handler(MemorySettings(census_max_s=2))
+leak = []
+
+
+def plant():
+    leak.append(torch.empty(8 << 20, dtype=torch.uint8, device="cuda"))
+
+
+def per_alloc_us(n=20000):
+    t = time.perf_counter()
+    for _ in range(n):
+        torch.empty(1024, device="cuda")
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+off_before_us = per_alloc_us()
+t = time.perf_counter()
+baseline = handle({"over_s": 0, "top": 1})  # a suspicion's census: the history goes on
+baseline_s = time.perf_counter() - t
+on_us = per_alloc_us()
+for _ in range(16):
+    plant()
+t = time.perf_counter()
+confirm = handle({"over_s": 0, "baseline": "last", "top": 5})  # the confirmation: ranked, off
+confirm_s = time.perf_counter() - t
+off_us = per_alloc_us()
 free, total = torch.cuda.mem_get_info()
 try:
     torch.empty(total + (1 << 30), dtype=torch.uint8, device="cuda")
     oom = "no error"
 except torch.cuda.OutOfMemoryError as exc:
     oom = "OutOfMemoryError: " + str(exc).splitlines()[0][:100]
-print(json.dumps({"history_events": events, "segments": len(snap.get("segments", [])), "oom": oom}))
+files = sorted(os.listdir(d))
+post = {}
+if f"oom-{os.getpid()}.json" in files:
+    post = json.load(open(os.path.join(d, f"oom-{os.getpid()}.json")))
+viewer = os.path.join(d, f"oom-{os.getpid()}.pickle")
+segments = len(pickle.load(open(viewer, "rb")).get("segments", [])) if os.path.exists(viewer) else None
+print(json.dumps({
+    "alloc_us_history_off": round(off_before_us, 3), "alloc_us_history_on": round(on_us, 3),
+    "alloc_us_after_off": round(off_us, 3), "baseline_census_s": round(baseline_s, 3),
+    "confirm_census_s": round(confirm_s, 3), "recording": baseline.get("sites_recording"),
+    "top_site": (confirm.get("sites") or [{}])[0].get("site"),
+    "site_lines": confirm.get("site_lines", [])[:2], "oom": oom, "oom_files": files,
+    "oom_top_sites": post.get("sites", [])[:3], "viewer_segments": segments,
+}))
 """
 
 
 def memory_paths() -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
     out = subprocess.run(
-        [sys.executable, "-c", MEMORY], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", MEMORY], capture_output=True, text=True, timeout=300, env=env
     )
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1:]}

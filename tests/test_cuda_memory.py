@@ -5,14 +5,19 @@ CPU build (issue 20 §2). The real CUDA run needs a GPU (none lent to this suite
 from __future__ import annotations
 
 import json
+import logging
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from otel_gpu.agent.memory_diagnosis import diagnosis_from
 from otel_gpu.diagnose import cuda_memory as cm
+from otel_gpu.diagnose.memory_settings import MemorySettings
+from otel_gpu.tracing import memory_ops
 
 pytestmark = pytest.mark.unit
 
@@ -61,7 +66,9 @@ def test_sites_rank_by_growth_of_live_bytes_and_frameless_blocks_are_one_row() -
     ]
 
 
-def test_the_oom_observer_writes_its_file_once_and_never_raises(tmp_path: Path) -> None:
+def test_the_oom_observer_writes_its_file_once_and_never_raises(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     calls = []
 
     def take() -> dict[str, Any]:
@@ -69,11 +76,22 @@ def test_the_oom_observer_writes_its_file_once_and_never_raises(tmp_path: Path) 
         return snap(block(3 << 20, [CACHE_FRAME]), block(1 << 20, []))
 
     observe = cm.oom_observer(str(tmp_path), take, 4242)
-    observe(0, 1 << 30, 70 << 30, 1 << 20)
-    observe(0, 1 << 30, 70 << 30, 1 << 20)  # PyTorch may call it again for the same OOM
+    with caplog.at_level(logging.ERROR, logger="otel_gpu.actions"):
+        observe(0, 1 << 30, 70 << 30, 1 << 20)
+        observe(0, 1 << 30, 70 << 30, 1 << 20)  # PyTorch may call it again for the same OOM
     path = tmp_path / "oom-4242.json"
     report = json.loads(path.read_text())
     assert calls == [1] and oct(os.stat(path).st_mode & 0o777) == "0o600"
+    # The snapshot itself, for PyTorch's memory viewer (it loads a pickled snapshot dict).
+    viewer = tmp_path / "oom-4242.pickle"
+    assert pickle.loads(viewer.read_bytes())["segments"][0]["blocks"][0]["size"] == 3 << 20
+    assert oct(os.stat(viewer).st_mode & 0o777) == "0o600"
+    [alert] = [r.getMessage() for r in caplog.records]
+    assert alert == (
+        "otel-gpu ALERT: oom (critical) on pid 4242: CUDA out of memory on device 0 asking "
+        "1.0 GiB (1.0 MiB free); largest live allocation sites: model.py:12 in forward "
+        f"(3.0 MiB), (unattributed) (1.0 MiB); post-mortem {path}"
+    )
     assert report["requested_bytes"] == 1 << 30 and report["device_free_bytes"] == 1 << 20
     assert report["sites"][0] == {"site": "model.py:12 in forward", "blocks": 1, "bytes": 3 << 20}
     broken = cm.oom_observer(str(tmp_path / "missing"), lambda: 1 / 0, 1)  # type: ignore[arg-type,return-value]
@@ -86,3 +104,107 @@ def test_on_a_cpu_build_every_cuda_call_does_nothing_and_says_so(tmp_path: Path)
     assert cm.snapshot(torch) is None
     assert cm.attach_oom_observer(torch, str(tmp_path)) is False
     assert list(tmp_path.iterdir()) == []
+
+
+class Allocator:
+    """The three allocator calls a :class:`cm.SiteWatch` makes, answered with snapshot dicts in
+    the documented format: what a planted leak at model.py:12 looks like as it grows."""
+
+    def __init__(self) -> None:
+        self.history = False
+        self.calls: list[str] = []
+        self.leaked = 0
+
+    def on(self) -> bool:
+        self.calls.append("on")
+        self.history = True
+        return True
+
+    def off(self) -> bool:
+        self.calls.append("off")
+        self.history = False
+        return True
+
+    def take(self) -> dict[str, Any]:
+        self.calls.append("take")
+        frames = [TORCH_FRAME, CACHE_FRAME] if self.history else []
+        return snap(block(4 << 20, []), *(block(1 << 20, frames) for _ in range(self.leaked)))
+
+
+def test_a_site_watch_ranks_the_growth_since_it_began_and_switches_the_history_off() -> None:
+    now = [0.0]
+    alloc = Allocator()
+    watch = cm.SiteWatch(alloc.on, alloc.off, alloc.take, max_on_s=600, clock=lambda: now[0])
+    assert watch.finish() is None and alloc.calls == []  # never begun: nothing asked
+    assert watch.begin() and watch.begin() and watch.active
+    assert alloc.calls == ["on", "take"]  # once: a second begin keeps the first baseline
+    alloc.leaked = 3
+    rows = watch.finish()
+    assert rows is not None and not watch.active and alloc.calls[-2:] == ["take", "off"]
+    assert [(r["site"], r["growth_bytes"], r["growth_blocks"]) for r in rows][:1] == [
+        ("model.py:12 in forward", 3 << 20, 3)
+    ]
+    assert cm.site_lines(rows, 30) == [
+        "GPU memory allocated at model.py:12 in forward: +3.0 MiB in +3 blocks in 30 s "
+        "(now 3.0 MiB live)"
+    ]
+    # A suspicion never confirmed: the history goes off after max_on_s, not before.
+    watch.begin()
+    now[0] = 599.0
+    assert not watch.expire() and watch.active
+    now[0] = 600.0
+    assert watch.expire() and not watch.active and alloc.calls[-1] == "off"
+    # Where the history cannot be switched on (a CPU build), nothing is kept.
+    refused = cm.SiteWatch(lambda: False, alloc.off, alloc.take, max_on_s=600)
+    assert not refused.begin() and refused.finish() is None
+
+
+def test_the_census_reply_carries_the_sites_from_a_suspicion_to_its_confirmation() -> None:
+    alloc = Allocator()
+    watch = cm.SiteWatch(alloc.on, alloc.off, alloc.take, max_on_s=600)
+    handle = memory_ops.census_handler(MemorySettings(census_max_s=0.5), sites=lambda: watch)
+    baseline = handle({"over_s": 0, "top": 1})  # the agent's census on a suspicion
+    assert baseline["sites_recording"] is True and "sites" not in baseline
+    assert alloc.history  # on until the confirmation asks
+    alloc.leaked = 5
+    confirm = handle({"over_s": 0, "baseline": "last", "top": 5})  # the confirming census
+    assert not alloc.history and "sites_recording" not in confirm
+    assert confirm["sites"][0]["site"] == "model.py:12 in forward"
+    assert confirm["site_lines"][0].startswith(
+        "GPU memory allocated at model.py:12 in forward: +5.0 MiB in +5 blocks"
+    )
+    # The alert's diagnosis: the holders first, the top site within the three lines shown.
+    found = diagnosis_from(42, {**confirm, "lines": ["a.b: +1 tensors"]}, 0.1)
+    assert found.lines[:2] == ("a.b: +1 tensors", confirm["site_lines"][0])
+    assert found.data["sites"][0]["growth_bytes"] == 5 << 20
+    # Only a site that grew, and no holder: the site is the diagnosis, not "nothing grew".
+    alone = diagnosis_from(42, {**confirm, "lines": []}, 0.1)
+    assert alone.error is None and alone.lines == tuple(confirm["site_lines"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-build wiring")
+def test_on_a_cpu_build_the_census_has_no_sites_and_the_oom_observer_waits_for_cuda(
+    tmp_path: Path,
+) -> None:
+    reply = memory_ops.census_handler(MemorySettings(census_max_s=0.5))({"over_s": 0})
+    assert "sites" not in reply and "sites_recording" not in reply
+    queued = len(torch.cuda._queued_calls)
+    cm.watch_oom(str(tmp_path))  # torch is imported: the hook runs now, CUDA never starts
+    assert len(torch.cuda._queued_calls) == queued + 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_diagnose_memory_prints_the_sites_that_grew_below_the_holders() -> None:
+    from otel_gpu.commands.diagnose import table
+
+    alloc = Allocator()
+    watch = cm.SiteWatch(alloc.on, alloc.off, alloc.take, max_on_s=600)
+    watch.begin()
+    alloc.leaked = 2
+    rows = watch.finish() or []
+    reply = {"pid": 7, "over_s": 5.0, "holders": [], "site_lines": cm.site_lines(rows, 5.0)}
+    assert table(reply, 10).splitlines()[-1] == (
+        "GPU memory allocated at model.py:12 in forward: +2.0 MiB in +2 blocks in 5 s "
+        "(now 2.0 MiB live)"
+    )
+    assert "GPU memory" not in table({**reply, "site_lines": []}, 10)

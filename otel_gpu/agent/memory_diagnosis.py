@@ -121,20 +121,27 @@ class MemoryAttribution:
 
 
 def diagnosis_from(pid: int, reply: Mapping[str, Any], took_s: float) -> Diagnosis:
-    """A census reply as an alert's diagnosis (pure)."""
+    """A census reply as an alert's diagnosis (pure): the growing holders' lines, then the GPU
+    allocation sites that grew (CUDA processes, ``site_lines``)."""
     holders = list(reply.get("holders") or [])
+    sites = [str(line) for line in reply.get("site_lines") or []]
     lines = [str(line) for line in reply.get("lines") or []]
-    data = {
+    data: dict[str, Any] = {
         "pid": pid,
         "over_s": reply.get("over_s"),
         "holders": holders[:HOLDERS_KEPT],
         "growing": [h["path"] for h in holders if h.get("growing")],
     }
-    if not lines:
+    if reply.get("sites") is not None:
+        data["sites"] = list(reply["sites"])[:HOLDERS_KEPT]
+    if not lines and not sites:
         return Diagnosis(
             memory.KIND, (), data, took_s,
             error=f"no tensor holder of pid {pid} grew over {reply.get('over_s', 0):.0f} s "
             "(the growth may be outside Python's tensors: allocator cache, C++ or another "
             "library)",
         )  # fmt: skip
-    return Diagnosis(memory.KIND, tuple(lines), data, took_s)
+    # Notifiers show the first three: the top holders, and the top site when there is room.
+    return Diagnosis(
+        memory.KIND, tuple(lines[:2] + sites[:1] + lines[2:] + sites[1:]), data, took_s
+    )

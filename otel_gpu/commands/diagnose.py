@@ -122,6 +122,8 @@ def run_memory(args: argparse.Namespace) -> int:
                 "censuses": reply.get("censuses", []),
                 "holders": holders[: args.top],
                 "growing": [h["path"] for h in holders if h.get("growing")],
+                # where CUDA is in use: the allocation sites that grew over the interval
+                **{k: reply[k][: args.top] for k in ("sites", "site_lines") if k in reply},
             },
             sys.stdout,
         )
@@ -155,6 +157,10 @@ def table(reply: dict[str, Any], top: int) -> str:
     if not any(h.get("growing") for h in holders):
         rows.append("")
         rows.append("no holder grew in every interval")
+    sites = reply.get("site_lines") or []
+    if sites:
+        rows.append("")
+        rows.extend(sites[:top])
     return "\n".join(rows)
 
 

@@ -11,16 +11,32 @@ observer: AttributeError) and without CUDA each call does nothing and says so (F
 Allocator history is switched on in its cheapest useful mode (``enabled="state"``,
 ``context="alloc"``, ``stacks="python"``: Python frames at allocations only, ~2 us each) and
 off again with ``enabled=None`` (which also clears it). The OOM observer runs before the OOM
-error is raised, possibly several times: it writes ``<runtime dir>/oom-<pid>.json`` once.
+error is raised, possibly several times: it writes ``<runtime dir>/oom-<pid>.json`` (our
+table) and ``oom-<pid>.pickle`` (the allocator snapshot, which PyTorch's memory viewer loads)
+once, and logs the alert.
+
+Wiring (:mod:`otel_gpu.tracing.memory_ops`): a :class:`SiteWatch` per process switches the
+history on at a leak suspicion's baseline census (or for the interval of one ``diagnose
+memory``), ranks the sites at the confirming census and switches it off then, or after
+``OTEL_GPU_DIAGNOSE_CUDA_HISTORY_MAX_S`` at the latest; :func:`watch_oom` attaches the observer
+as soon as ``torch`` is imported and CUDA initialised, nothing before (no allocation is slowed).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import pickle
 import sysconfig
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from otel_gpu.diagnose.memory import size
+
+log = logging.getLogger("otel_gpu.actions")
 
 UNATTRIBUTED = "(unattributed)"
 LIVE_STATES = ("active_allocated",)
@@ -80,6 +96,86 @@ def rank_sites(
     return rows[:top]
 
 
+def site_line(row: Mapping[str, Any], over_s: float | None = None) -> str:
+    """``GPU memory allocated at model.py:12 in forward: +10.0 MiB in 5 blocks in 30 s (now
+    12.0 MiB live)``."""
+    span = f" in {over_s:.0f} s" if over_s else ""
+    return (
+        f"GPU memory allocated at {row['site']}: +{size(row['growth_bytes'])} in "
+        f"{row['growth_blocks']:+d} blocks{span} (now {size(row['bytes'])} live)"
+    )
+
+
+def site_lines(rows: Sequence[Mapping[str, Any]], over_s: float | None = None) -> list[str]:
+    """One line per site whose live bytes grew, most growth first."""
+    return [site_line(r, over_s) for r in rows if r["growth_bytes"] > 0]
+
+
+class SiteWatch:
+    """The allocator history of one leak attribution (pure but for the injected calls).
+
+    ``on`` switches the history on (False: it cannot be), ``off`` switches it off, ``take``
+    returns a snapshot dict; ``clock`` is monotonic seconds. :meth:`begin` switches it on and
+    keeps a baseline snapshot (again while on: nothing); :meth:`finish` ranks the sites from the
+    baseline to now and switches it off; :meth:`expire` switches it off once it has been on
+    ``max_on_s`` (a suspicion that was never confirmed). Thread-safe.
+    """
+
+    def __init__(
+        self,
+        on: Callable[[], bool],
+        off: Callable[[], bool],
+        take: Callable[[], Mapping[str, Any] | None],
+        max_on_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._on, self._off, self._take = on, off, take
+        self.max_on_s = max_on_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._baseline: Mapping[str, Any] | None = None
+        self._since: float | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._since is not None
+
+    def begin(self) -> bool:
+        """History on and a baseline kept; True when it is on (now or already)."""
+        with self._lock:
+            if self._since is not None:
+                return True
+            if not self._on():
+                return False
+            self._baseline = self._take() or {}
+            self._since = self._clock()
+            return True
+
+    def finish(self, top: int = 20) -> list[dict[str, Any]] | None:
+        """The sites ranked by growth since :meth:`begin`, history off; None when not on."""
+        with self._lock:
+            if self._since is None:
+                return None
+            baseline = self._baseline or {}
+            try:
+                now = self._take() or {}
+            finally:
+                self._stop()
+            return rank_sites(baseline, now, top)
+
+    def expire(self) -> bool:
+        """Off when on for ``max_on_s`` or more; True when it switched off."""
+        with self._lock:
+            if self._since is None or self._clock() - self._since < self.max_on_s:
+                return False
+            self._stop()
+            return True
+
+    def _stop(self) -> None:
+        self._baseline, self._since = None, None
+        self._off()
+
+
 def oom_report(
     device: int, alloc: int, device_alloc: int, device_free: int, snapshot: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -130,11 +226,31 @@ def snapshot(torch: Any) -> dict[str, Any] | None:
         return None
 
 
+def _write_private(path: str, write: Callable[[Any], None], mode: str) -> None:
+    """``path`` whole or not at all (a temporary file renamed), readable by this user only."""
+    tmp = f"{path}.tmp"
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), mode) as f:
+        write(f)
+    os.replace(tmp, path)
+
+
+def oom_alert_line(pid: int, report: Mapping[str, Any], path: str) -> str:
+    """The OOM post-mortem as the alert's one line (the top three live sites)."""
+    sites = ", ".join(f"{s['site']} ({size(s['bytes'])})" for s in report["sites"][:3])
+    return (
+        f"otel-gpu ALERT: oom (critical) on pid {pid}: CUDA out of memory on device "
+        f"{report['device']} asking {size(report['requested_bytes'])} "
+        f"({size(report['device_free_bytes'])} free); largest live allocation sites: "
+        f"{sites or 'none recorded'}; post-mortem {path}"
+    )
+
+
 def oom_observer(
     runtime_dir: str, take_snapshot: Callable[[], Mapping[str, Any] | None], pid: int
 ) -> Callable[[int, int, int, int], None]:
-    """The observer PyTorch calls before raising an OOM: writes ``oom-<pid>.json`` once;
-    never raises (it runs inside the allocator's error path)."""
+    """The observer PyTorch calls before raising an OOM: writes ``oom-<pid>.json`` (our table)
+    and ``oom-<pid>.pickle`` (the snapshot, for PyTorch's memory viewer) and logs the alert,
+    once; never raises (it runs inside the allocator's error path)."""
     written: list[bool] = []
 
     def observe(device: int, alloc: int, device_alloc: int, device_free: int) -> None:
@@ -145,10 +261,11 @@ def oom_observer(
             snap = take_snapshot() or {}
             report = oom_report(device, alloc, device_alloc, device_free, snap)
             path = os.path.join(runtime_dir, f"oom-{pid}.json")
-            tmp = f"{path}.tmp"
-            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-                json.dump(report, f)
-            os.replace(tmp, path)
+            _write_private(path, lambda f: json.dump(report, f), "w")
+            if snap:
+                viewer = os.path.join(runtime_dir, f"oom-{pid}.pickle")
+                _write_private(viewer, lambda f: pickle.dump(dict(snap), f), "wb")
+            log.error("%s", oom_alert_line(pid, report, path))
         except Exception:  # noqa: BLE001 - the job's OOM error must propagate, not ours
             pass
 
@@ -165,3 +282,39 @@ def attach_oom_observer(torch: Any, runtime_dir: str) -> bool:
         return False
     attach(oom_observer(runtime_dir, lambda: snapshot(torch), os.getpid()))
     return True
+
+
+def in_use(torch: Any) -> bool:
+    """Has this process initialised CUDA (so a snapshot is cheap and says something)?"""
+    try:
+        return bool(torch.cuda.is_initialized())
+    except (AttributeError, RuntimeError, TypeError):
+        return False
+
+
+def site_watch(torch: Any, max_entries: int, max_on_s: float) -> SiteWatch:
+    """A :class:`SiteWatch` on the real allocator of ``torch``."""
+    return SiteWatch(
+        lambda: history_on(torch, max_entries),
+        lambda: history_off(torch),
+        lambda: snapshot(torch),
+        max_on_s,
+    )
+
+
+def watch_oom(runtime_dir: str) -> None:
+    """Attach the OOM observer once ``torch`` is imported and CUDA initialised (now, when both
+    already are); never raises, and does nothing on CPU builds."""
+    import wrapt
+
+    def imported(torch: Any) -> None:
+        try:
+            lazy = torch.cuda._lazy_call  # noqa: SLF001 - runs at CUDA's initialisation
+        except AttributeError:
+            return
+        try:
+            lazy(lambda: attach_oom_observer(torch, runtime_dir))
+        except Exception:  # noqa: BLE001 - the job runs on without the post-mortem
+            log.debug("otel-gpu: no OOM observer", exc_info=True)
+
+    wrapt.register_post_import_hook(imported, "torch")

@@ -43,6 +43,24 @@ DECLARED = (
         "longest interval one `memory.census` request may measure growth over",
         "`300`",
     ),
+    Setting(
+        "cuda_history_max_entries", "OTEL_GPU_DIAGNOSE_CUDA_HISTORY_MAX_ENTRIES",
+        number(1000, 10_000_000, integer=True,
+               accepted="use a whole number between 1000 and 10000000"),
+        "allocations the CUDA allocator history keeps while a leak's sites are looked for",
+        "`100000`",
+    ),
+    Setting(
+        "cuda_history_max_s", "OTEL_GPU_DIAGNOSE_CUDA_HISTORY_MAX_S",
+        number(60, 86400, accepted="use seconds between 60 and 86400"),
+        "longest the CUDA allocator history stays on between a suspicion and its confirmation",
+        "`7200`",
+    ),
+    Setting(
+        "oom_observer", "OTEL_GPU_DIAGNOSE_OOM", boolean,
+        "attach PyTorch's CUDA out-of-memory observer (the OOM post-mortem) once CUDA is in use",
+        "`true`",
+    ),
 )  # fmt: skip
 
 
@@ -55,6 +73,9 @@ class MemorySettings:
     census_max_s: float = 5.0
     census_max_depth: int = 16
     census_max_over_s: float = 300.0
+    cuda_history_max_entries: int = 100_000
+    cuda_history_max_s: float = 7200.0
+    oom_observer: bool = True
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None) -> MemorySettings:

@@ -5,20 +5,28 @@ censuses spread over it), or since the census before (``baseline: "last"``, how 
 leak diagnoser compares a suspicion's census with the confirmation's). Runs on the channel's
 request thread, one census at a time, bounded by :class:`~otel_gpu.diagnose.memory_settings.
 MemorySettings` (read once, here). Never reads a tensor's values.
+
+Where this process has initialised CUDA, the census also looks for the GPU allocation sites
+(:class:`otel_gpu.diagnose.cuda_memory.SiteWatch`): a suspicion's baseline census (no
+interval, no baseline) switches the allocator history on; a census over an interval or since
+the last one ranks the sites that grew (``sites``, ``site_lines`` in the reply) and switches
+it off. The OOM observer is attached once CUDA is initialised (``OTEL_GPU_DIAGNOSE_OOM``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from otel_gpu.core.channel import Handler
 from otel_gpu.core.errors import UsageError
-from otel_gpu.diagnose import census, host_memory, memory
+from otel_gpu.core.runtime_dir import runtime_dir
+from otel_gpu.diagnose import census, cuda_memory, host_memory, memory
 from otel_gpu.diagnose.memory_settings import MemorySettings
 from otel_gpu.tracing import inprocess
 
@@ -31,6 +39,27 @@ MAX_TOP = 200
 
 _busy = threading.Lock()
 _last: census.Census | None = None
+_watch: cuda_memory.SiteWatch | None = None
+
+Sites = Callable[[], "cuda_memory.SiteWatch | None"]
+
+
+def cuda_sites(settings: MemorySettings) -> Sites:
+    """This process's allocator-history watch, made once CUDA is in use; None before (and on
+    CPU builds, where torch is not imported or never initialises CUDA)."""
+
+    def get() -> cuda_memory.SiteWatch | None:
+        global _watch
+        if _watch is None:
+            torch = sys.modules.get("torch")
+            if torch is None or not cuda_memory.in_use(torch):
+                return None
+            _watch = cuda_memory.site_watch(
+                torch, settings.cuda_history_max_entries, settings.cuda_history_max_s
+            )
+        return _watch
+
+    return get
 
 
 def _number(
@@ -42,7 +71,9 @@ def _number(
     return min(max(float(value), low), high)
 
 
-def census_handler(settings: MemorySettings) -> Handler:
+def census_handler(settings: MemorySettings, sites: Sites | None = None) -> Handler:
+    """``memory.census``; ``sites``: the allocator-history watch, when CUDA is in use."""
+    sites = cuda_sites(settings) if sites is None else sites
     bounds = census.Bounds(
         max_objects=settings.census_max_objects,
         max_s=settings.census_max_s,
@@ -56,7 +87,12 @@ def census_handler(settings: MemorySettings) -> Handler:
         top = int(_number(request, "top", 20, 1, MAX_TOP))
         if not _busy.acquire(blocking=False):
             return {"error": "busy: a census is already running in this process"}
+        watch = _sites_of(sites)
+        since_last = request.get("baseline") == "last"
         try:
+            if watch is not None:
+                watch.expire()  # a suspicion never confirmed: off again
+                watch.begin()  # on (a baseline kept) unless already on since a suspicion
             taken: list[census.Census] = []
             if request.get("baseline") == "last" and _last is not None:
                 taken.append(_last)
@@ -65,19 +101,35 @@ def census_handler(settings: MemorySettings) -> Handler:
                 time.sleep(over / (samples - 1))
                 taken.append(census.take(bounds))
             _last = taken[-1]
+            # A suspicion's baseline leaves the history on until its confirmation asks.
+            ranked = watch.finish(top) if watch is not None and (over or since_last) else None
         finally:
             _busy.release()
         rows = census.rank_growth(taken)
         span = taken[-1].time - taken[0].time
-        return {
+        reply: dict[str, Any] = {
             "pid": os.getpid(),
             "over_s": round(span, 3),
             "censuses": [c.to_dict() for c in taken],
             "holders": memory.holders_json(rows, top),
             "lines": memory.lines(rows, span)[:top],
         }
+        if ranked is not None:
+            reply["sites"] = ranked
+            reply["site_lines"] = cuda_memory.site_lines(ranked, span)[:top]
+        elif watch is not None and watch.active:
+            reply["sites_recording"] = True  # the history is on until the next census asks
+        return reply
 
     return handle
+
+
+def _sites_of(sites: Sites) -> cuda_memory.SiteWatch | None:
+    try:
+        return sites()
+    except Exception:  # noqa: BLE001 - the census runs on without the sites
+        log.debug("otel-gpu: no allocator history", exc_info=True)
+        return None
 
 
 def tracemalloc_handler(settings: MemorySettings) -> Handler:
@@ -117,4 +169,9 @@ def register(env: Mapping[str, str] | None = None) -> bool:
         return False
     inprocess.register(OP_CENSUS, census_handler(settings))
     inprocess.register(OP_TRACEMALLOC, tracemalloc_handler(settings))
+    if settings.oom_observer:
+        try:
+            cuda_memory.watch_oom(runtime_dir())
+        except Exception as exc:  # noqa: BLE001 - the job runs on without the post-mortem
+            log.debug("otel-gpu: no OOM post-mortem in this process: %s", exc)
     return True
