@@ -13,7 +13,7 @@
    (``memory.census`` with the allocator history switched on at a suspicion's census and off
    at the confirmation): the planted leak's site ranked first, the cost of one allocation with
    the history off, on and off again, and a real CUDA out-of-memory error caught by the
-   observer (``oom-<pid>.json`` with its sites, ``oom-<pid>.pickle`` loadable).
+   observer (``oom-<pid>.json`` with its sites and holders, ``oom-<pid>.pickle`` loadable).
 
 Without a GPU (no driver, NVML's init fails, or no device) it says so, checks what it can (the
 fake's side of 1) and exits 0, so the script itself is tested on machines without a GPU.
@@ -343,6 +343,7 @@ print(json.dumps({
     "top_site": (confirm.get("sites") or [{}])[0].get("site"),
     "site_lines": confirm.get("site_lines", [])[:2], "oom": oom, "oom_files": files,
     "oom_top_sites": post.get("sites", [])[:3], "viewer_segments": segments,
+    "oom_top_holders": [(h["path"], h["bytes"]) for h in post.get("holders", [])[:3]],
 }))
 """
 

@@ -89,8 +89,8 @@ def test_the_oom_observer_writes_its_file_once_and_never_raises(
     [alert] = [r.getMessage() for r in caplog.records]
     assert alert == (
         "otel-gpu ALERT: oom (critical) on pid 4242: CUDA out of memory on device 0 asking "
-        "1.0 GiB (1.0 MiB free); largest live allocation sites: model.py:12 in forward "
-        f"(3.0 MiB), (unattributed) (1.0 MiB); post-mortem {path}"
+        "1.0 GiB (1.0 MiB free); largest holders: none found; largest live allocation sites: "
+        f"model.py:12 in forward (3.0 MiB), (unattributed) (1.0 MiB); post-mortem {path}"
     )
     assert report["requested_bytes"] == 1 << 30 and report["device_free_bytes"] == 1 << 20
     assert report["sites"][0] == {"site": "model.py:12 in forward", "blocks": 1, "bytes": 3 << 20}
@@ -208,3 +208,23 @@ def test_diagnose_memory_prints_the_sites_that_grew_below_the_holders() -> None:
         "(now 2.0 MiB live)"
     )
     assert "GPU memory" not in table({**reply, "site_lines": []}, 10)
+
+
+HELD_BY_THIS_MODULE = [torch.ones(512, 512) for _ in range(4)]  # 4 MiB, for the OOM's census
+
+
+def test_the_oom_post_mortem_names_the_largest_holders(tmp_path: Path, caplog) -> None:
+    # The census runs on a thread of its own inside the observer, bounded; the largest holder
+    # of this process's tensors is this module's list.
+    holders = memory_ops.oom_holders(MemorySettings(census_max_s=2))
+    observe = cm.oom_observer(
+        str(tmp_path), lambda: snap(block(3 << 20, [CACHE_FRAME])), 7, holders
+    )
+    with caplog.at_level(logging.ERROR, logger="otel_gpu.actions"):
+        observe(0, 1 << 30, 70 << 30, 1 << 20)
+    report = json.loads((tmp_path / "oom-7.json").read_text())
+    top = report["holders"][0]
+    assert top["path"].endswith("HELD_BY_THIS_MODULE") and top["count"] == 4
+    assert top["bytes"] == 4 * 512 * 512 * 4 and top["root"] == "global"
+    [alert] = [r.getMessage() for r in caplog.records]
+    assert f"largest holders: {top['path']} (4.0 MiB in 4 tensors)" in alert

@@ -237,20 +237,28 @@ def _write_private(path: str, write: Callable[[Any], None], mode: str) -> None:
 def oom_alert_line(pid: int, report: Mapping[str, Any], path: str) -> str:
     """The OOM post-mortem as the alert's one line (the top three live sites)."""
     sites = ", ".join(f"{s['site']} ({size(s['bytes'])})" for s in report["sites"][:3])
+    held = ", ".join(
+        f"{h['path']} ({size(h['bytes'])} in {h['count']} tensors)"
+        for h in report.get("holders", [])[:3]
+    )
     return (
         f"otel-gpu ALERT: oom (critical) on pid {pid}: CUDA out of memory on device "
         f"{report['device']} asking {size(report['requested_bytes'])} "
-        f"({size(report['device_free_bytes'])} free); largest live allocation sites: "
-        f"{sites or 'none recorded'}; post-mortem {path}"
+        f"({size(report['device_free_bytes'])} free); largest holders: {held or 'none found'}; "
+        f"largest live allocation sites: {sites or 'none recorded'}; post-mortem {path}"
     )
 
 
 def oom_observer(
-    runtime_dir: str, take_snapshot: Callable[[], Mapping[str, Any] | None], pid: int
+    runtime_dir: str,
+    take_snapshot: Callable[[], Mapping[str, Any] | None],
+    pid: int,
+    holders: Callable[[], list[dict[str, Any]]] | None = None,
 ) -> Callable[[int, int, int, int], None]:
-    """The observer PyTorch calls before raising an OOM: writes ``oom-<pid>.json`` (our table)
-    and ``oom-<pid>.pickle`` (the snapshot, for PyTorch's memory viewer) and logs the alert,
-    once; never raises (it runs inside the allocator's error path)."""
+    """The observer PyTorch calls before raising an OOM: writes ``oom-<pid>.json`` (our table:
+    the request, the top live sites and, from ``holders``, the largest tensor holders) and
+    ``oom-<pid>.pickle`` (the snapshot, for PyTorch's memory viewer) and logs the alert, once;
+    never raises (it runs inside the allocator's error path)."""
     written: list[bool] = []
 
     def observe(device: int, alloc: int, device_alloc: int, device_free: int) -> None:
@@ -260,6 +268,10 @@ def oom_observer(
         try:
             snap = take_snapshot() or {}
             report = oom_report(device, alloc, device_alloc, device_free, snap)
+            try:
+                report["holders"] = holders() if holders is not None else []
+            except Exception:  # noqa: BLE001 - the sites are written without them
+                report["holders"] = []
             path = os.path.join(runtime_dir, f"oom-{pid}.json")
             _write_private(path, lambda f: json.dump(report, f), "w")
             if snap:
@@ -272,7 +284,9 @@ def oom_observer(
     return observe
 
 
-def attach_oom_observer(torch: Any, runtime_dir: str) -> bool:
+def attach_oom_observer(
+    torch: Any, runtime_dir: str, holders: Callable[[], list[dict[str, Any]]] | None = None
+) -> bool:
     """Attach :func:`oom_observer` where CUDA is in use; False on CPU builds or without CUDA."""
     try:
         attach = torch._C._cuda_attach_out_of_memory_observer  # noqa: SLF001
@@ -280,7 +294,7 @@ def attach_oom_observer(torch: Any, runtime_dir: str) -> bool:
             return False
     except AttributeError:
         return False
-    attach(oom_observer(runtime_dir, lambda: snapshot(torch), os.getpid()))
+    attach(oom_observer(runtime_dir, lambda: snapshot(torch), os.getpid(), holders))
     return True
 
 
@@ -302,7 +316,7 @@ def site_watch(torch: Any, max_entries: int, max_on_s: float) -> SiteWatch:
     )
 
 
-def watch_oom(runtime_dir: str) -> None:
+def watch_oom(runtime_dir: str, holders: Callable[[], list[dict[str, Any]]] | None = None) -> None:
     """Attach the OOM observer once ``torch`` is imported and CUDA initialised (now, when both
     already are); never raises, and does nothing on CPU builds."""
     import wrapt
@@ -313,7 +327,7 @@ def watch_oom(runtime_dir: str) -> None:
         except AttributeError:
             return
         try:
-            lazy(lambda: attach_oom_observer(torch, runtime_dir))
+            lazy(lambda: attach_oom_observer(torch, runtime_dir, holders))
         except Exception:  # noqa: BLE001 - the job runs on without the post-mortem
             log.debug("otel-gpu: no OOM observer", exc_info=True)
 

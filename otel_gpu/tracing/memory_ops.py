@@ -25,6 +25,7 @@ from typing import Any
 
 from otel_gpu.core.channel import Handler
 from otel_gpu.core.errors import UsageError
+from otel_gpu.core.redact import redact_text
 from otel_gpu.core.runtime_dir import runtime_dir
 from otel_gpu.diagnose import census, cuda_memory, host_memory, memory
 from otel_gpu.diagnose.memory_settings import MemorySettings
@@ -36,6 +37,8 @@ OP_CENSUS = "memory.census"
 OP_TRACEMALLOC = "memory.tracemalloc"
 MAX_SAMPLES = 10
 MAX_TOP = 200
+OOM_CENSUS_S = 2.0  # the longest an OOM's census holds the failing allocation
+OOM_HOLDERS = 5
 
 _busy = threading.Lock()
 _last: census.Census | None = None
@@ -124,6 +127,37 @@ def census_handler(settings: MemorySettings, sites: Sites | None = None) -> Hand
     return handle
 
 
+def oom_holders(settings: MemorySettings) -> Callable[[], list[dict[str, Any]]]:
+    """The largest tensor holders now, for the OOM post-mortem: one census on a thread of its
+    own (it sees the failing thread's frames), at most :data:`OOM_CENSUS_S`."""
+    bounds = census.Bounds(
+        max_objects=settings.census_max_objects,
+        max_s=min(settings.census_max_s, OOM_CENSUS_S),
+        max_depth=settings.census_max_depth,
+    )
+
+    def holders() -> list[dict[str, Any]]:
+        found: list[census.Census] = []
+        walker = threading.Thread(
+            target=lambda: found.append(census.take(bounds)), name="otel-gpu-oom-census",
+            daemon=True,
+        )  # fmt: skip
+        walker.start()
+        walker.join(OOM_CENSUS_S + 1.0)
+        if not found:
+            return []
+        top = sorted(
+            (h for h in found[0].holders.values() if h.path != census.UNREACHED),
+            key=lambda h: -h.bytes,
+        )[:OOM_HOLDERS]
+        return [
+            {**census.summary_holder(h), "path": redact_text(h.path), "site": redact_text(h.site)}
+            for h in top
+        ]
+
+    return holders
+
+
 def _sites_of(sites: Sites) -> cuda_memory.SiteWatch | None:
     try:
         return sites()
@@ -171,7 +205,7 @@ def register(env: Mapping[str, str] | None = None) -> bool:
     inprocess.register(OP_TRACEMALLOC, tracemalloc_handler(settings))
     if settings.oom_observer:
         try:
-            cuda_memory.watch_oom(runtime_dir())
+            cuda_memory.watch_oom(runtime_dir(), oom_holders(settings))
         except Exception as exc:  # noqa: BLE001 - the job runs on without the post-mortem
             log.debug("otel-gpu: no OOM post-mortem in this process: %s", exc)
     return True
