@@ -191,7 +191,27 @@ def test_on_a_cpu_build_the_census_has_no_sites_and_the_oom_observer_waits_for_c
     queued = len(torch.cuda._queued_calls)
     cm.watch_oom(str(tmp_path))  # torch is imported: the hook runs now, CUDA never starts
     assert len(torch.cuda._queued_calls) == queued + 1
+    attach = torch.cuda._queued_calls.pop()[0]  # what CUDA's initialisation would run
+    attach()  # no CUDA: attaches nothing, raises nothing
     assert list(tmp_path.iterdir()) == []
+
+
+def test_nothing_leaves_the_observers_attach_inside_cudas_initialisation(tmp_path: Path) -> None:
+    # An exception from a queued call fails the job's first CUDA call: the attach swallows it.
+    class Refusing:
+        class cuda:  # noqa: N801 - torch's names
+            @staticmethod
+            def is_available() -> bool:
+                return True
+
+        class _C:  # noqa: N801
+            @staticmethod
+            def _cuda_attach_out_of_memory_observer(_fn: Any) -> None:
+                raise RuntimeError("allocator not ready")
+
+    with pytest.raises(RuntimeError):
+        cm.attach_oom_observer(Refusing, str(tmp_path))
+    cm._attach_quietly(Refusing, str(tmp_path), None)  # does not raise
 
 
 def test_diagnose_memory_prints_the_sites_that_grew_below_the_holders() -> None:

@@ -24,6 +24,7 @@ as soon as ``torch`` is imported and CUDA initialised, nothing before (no alloca
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -316,18 +317,27 @@ def site_watch(torch: Any, max_entries: int, max_on_s: float) -> SiteWatch:
     )
 
 
+def _attach_quietly(
+    torch: Any, runtime_dir: str, holders: Callable[[], list[dict[str, Any]]] | None
+) -> None:
+    """:func:`attach_oom_observer` from inside torch's CUDA initialisation, where an exception
+    would fail the job's first CUDA call (``DeferredCudaCallError``): none leaves."""
+    try:
+        attach_oom_observer(torch, runtime_dir, holders)
+    except Exception:  # noqa: BLE001 - the job runs on without the post-mortem
+        log.debug("otel-gpu: no OOM observer", exc_info=True)
+
+
 def watch_oom(runtime_dir: str, holders: Callable[[], list[dict[str, Any]]] | None = None) -> None:
     """Attach the OOM observer once ``torch`` is imported and CUDA initialised (now, when both
     already are); never raises, and does nothing on CPU builds."""
     import wrapt
 
     def imported(torch: Any) -> None:
+        # Runs at the end of the job's `import torch`: nothing may leave here either.
         try:
-            lazy = torch.cuda._lazy_call  # noqa: SLF001 - runs at CUDA's initialisation
-        except AttributeError:
-            return
-        try:
-            lazy(lambda: attach_oom_observer(torch, runtime_dir, holders))
+            attach = functools.partial(_attach_quietly, torch, runtime_dir, holders)
+            torch.cuda._lazy_call(attach)  # noqa: SLF001 - now, or at CUDA's initialisation
         except Exception:  # noqa: BLE001 - the job runs on without the post-mortem
             log.debug("otel-gpu: no OOM observer", exc_info=True)
 
