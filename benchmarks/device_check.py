@@ -13,7 +13,7 @@
    (``memory.census`` with the allocator history switched on at a suspicion's census and off
    at the confirmation): the planted leak's site ranked first, the cost of one allocation with
    the history off, on and off again, and a real CUDA out-of-memory error caught by the
-   observer (``oom-<pid>.json`` with its sites and holders, ``oom-<pid>.pickle`` loadable).
+   observer (``oom-<pid>-1.json`` with its sites and holders, ``oom-<pid>-1.pickle`` loadable).
 
 Without a GPU (no driver, NVML's init fails, or no device) it says so, checks what it can (the
 fake's side of 1) and exits 0, so the script itself is tested on machines without a GPU.
@@ -315,13 +315,13 @@ def per_alloc_us(n=20000):
 
 off_before_us = per_alloc_us()
 t = time.perf_counter()
-baseline = handle({"over_s": 0, "top": 1})  # a suspicion's census: the history goes on
+baseline = handle({"over_s": 0, "top": 1, "sites": "suspect"})  # the history goes on
 baseline_s = time.perf_counter() - t
 on_us = per_alloc_us()
 for _ in range(16):
     plant()
 t = time.perf_counter()
-confirm = handle({"over_s": 0, "baseline": "last", "top": 5})  # the confirmation: ranked, off
+confirm = handle({"over_s": 0, "baseline": "last", "top": 5, "sites": "confirm"})  # ranked, off
 confirm_s = time.perf_counter() - t
 off_us = per_alloc_us()
 free, total = torch.cuda.mem_get_info()
@@ -332,9 +332,10 @@ except torch.cuda.OutOfMemoryError as exc:
     oom = "OutOfMemoryError: " + str(exc).splitlines()[0][:100]
 files = sorted(os.listdir(d))
 post = {}
-if f"oom-{os.getpid()}.json" in files:
-    post = json.load(open(os.path.join(d, f"oom-{os.getpid()}.json")))
-viewer = os.path.join(d, f"oom-{os.getpid()}.pickle")
+if f"oom-{os.getpid()}-1.json" in files:
+    post = json.load(open(os.path.join(d, f"oom-{os.getpid()}-1.json")))
+time.sleep(2)  # the viewer file is written by a thread of its own
+viewer = os.path.join(d, f"oom-{os.getpid()}-1.pickle")
 segments = len(pickle.load(open(viewer, "rb")).get("segments", [])) if os.path.exists(viewer) else None
 print(json.dumps({
     "alloc_us_history_off": round(off_before_us, 3), "alloc_us_history_on": round(on_us, 3),

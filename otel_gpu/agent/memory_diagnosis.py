@@ -86,7 +86,7 @@ class MemoryAttribution:
 
     def _baseline(self, pid: int) -> None:
         try:
-            self._census(pid, over_s=0, top=1)
+            self._census(pid, over_s=0, top=1, sites="suspect")  # CUDA: allocator history on
         except ChannelError as exc:
             log.debug("no census baseline from pid %s: %s", pid, exc)
         finally:
@@ -101,8 +101,9 @@ class MemoryAttribution:
         try:
             # baseline, now, and over_s later: three censuses within the queue's timeout
             reply = self._census(
-                pid, over_s=self.over_s, samples=2, baseline="last", top=HOLDERS_KEPT
-            )
+                pid, over_s=self.over_s, samples=2, baseline="last", top=HOLDERS_KEPT,
+                sites="confirm",
+            )  # fmt: skip
         except ChannelError as exc:
             return Diagnosis(
                 memory.KIND, (), took_s=time.monotonic() - started,
@@ -133,7 +134,7 @@ def diagnosis_from(pid: int, reply: Mapping[str, Any], took_s: float) -> Diagnos
         "growing": [h["path"] for h in holders if h.get("growing")],
     }
     if reply.get("sites") is not None:
-        data["sites"] = list(reply["sites"])[:HOLDERS_KEPT]
+        data["sites"] = [r for r in reply["sites"] if r.get("growth_bytes", 0) > 0][:HOLDERS_KEPT]
     if not lines and not sites:
         return Diagnosis(
             memory.KIND, (), data, took_s,

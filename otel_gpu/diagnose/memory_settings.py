@@ -44,13 +44,6 @@ DECLARED = (
         "`300`",
     ),
     Setting(
-        "cuda_history_max_entries", "OTEL_GPU_DIAGNOSE_CUDA_HISTORY_MAX_ENTRIES",
-        number(1000, 10_000_000, integer=True,
-               accepted="use a whole number between 1000 and 10000000"),
-        "allocations the CUDA allocator history keeps while a leak's sites are looked for",
-        "`100000`",
-    ),
-    Setting(
         "cuda_history_max_s", "OTEL_GPU_DIAGNOSE_CUDA_HISTORY_MAX_S",
         number(60, 86400, accepted="use seconds between 60 and 86400"),
         "longest the CUDA allocator history stays on between a suspicion and its confirmation",
@@ -73,7 +66,6 @@ class MemorySettings:
     census_max_s: float = 5.0
     census_max_depth: int = 16
     census_max_over_s: float = 300.0
-    cuda_history_max_entries: int = 100_000
     cuda_history_max_s: float = 7200.0
     oom_observer: bool = True
 

@@ -7,10 +7,12 @@ request thread, one census at a time, bounded by :class:`~otel_gpu.diagnose.memo
 MemorySettings` (read once, here). Never reads a tensor's values.
 
 Where this process has initialised CUDA, the census also looks for the GPU allocation sites
-(:class:`otel_gpu.diagnose.cuda_memory.SiteWatch`): a suspicion's baseline census (no
-interval, no baseline) switches the allocator history on; a census over an interval or since
-the last one ranks the sites that grew (``sites``, ``site_lines`` in the reply) and switches
-it off. The OOM observer is attached once CUDA is initialised (``OTEL_GPU_DIAGNOSE_OOM``).
+(:class:`otel_gpu.diagnose.cuda_memory.SiteWatch`): the agent's census on a leak suspicion
+(``sites: "suspect"``) switches the allocator history on; its census on the alert
+(``sites: "confirm"``) ranks the sites grown since (``sites``, ``site_lines`` in the reply)
+and switches it off; any census over an interval (``diagnose memory --over``) ranks the
+growth over that interval, leaving a suspicion's history alone. The OOM observer is attached
+once CUDA is initialised (``OTEL_GPU_DIAGNOSE_OOM``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ log = logging.getLogger("otel_gpu.tracing")
 
 OP_CENSUS = "memory.census"
 OP_TRACEMALLOC = "memory.tracemalloc"
+SUSPECT = "suspect"  # the agent's census on a leak suspicion: the allocator history goes on
+CONFIRM = "confirm"  # the agent's census on the alert: the sites since then, history off
 MAX_SAMPLES = 10
 MAX_TOP = 200
 OOM_CENSUS_S = 2.0  # the longest an OOM's census holds the failing allocation
@@ -57,9 +61,7 @@ def cuda_sites(settings: MemorySettings) -> Sites:
             torch = sys.modules.get("torch")
             if torch is None or not cuda_memory.in_use(torch):
                 return None
-            _watch = cuda_memory.site_watch(
-                torch, settings.cuda_history_max_entries, settings.cuda_history_max_s
-            )
+            _watch = cuda_memory.site_watch(torch, settings.cuda_history_max_s)
         return _watch
 
     return get
@@ -90,12 +92,17 @@ def census_handler(settings: MemorySettings, sites: Sites | None = None) -> Hand
         top = int(_number(request, "top", 20, 1, MAX_TOP))
         if not _busy.acquire(blocking=False):
             return {"error": "busy: a census is already running in this process"}
-        watch = _sites_of(sites)
-        since_last = request.get("baseline") == "last"
+        mode = request.get("sites")  # "suspect" / "confirm" from the agent; else an interval
+        watch = _sites_of(sites) if mode in (SUSPECT, CONFIRM) or over > 0 else None
+        interval = None
+        ranked = None
+        since: str | None = None  # the growth's span, said in words for a confirmation
         try:
             if watch is not None:
-                watch.expire()  # a suspicion never confirmed: off again
-                watch.begin()  # on (a baseline kept) unless already on since a suspicion
+                if mode == SUSPECT:
+                    watch.suspect()  # on until the confirmation, or max_s
+                elif not (mode == CONFIRM and watch.active) and over > 0:
+                    interval = watch.interval_start()
             taken: list[census.Census] = []
             if request.get("baseline") == "last" and _last is not None:
                 taken.append(_last)
@@ -104,9 +111,15 @@ def census_handler(settings: MemorySettings, sites: Sites | None = None) -> Hand
                 time.sleep(over / (samples - 1))
                 taken.append(census.take(bounds))
             _last = taken[-1]
-            # A suspicion's baseline leaves the history on until its confirmation asks.
-            ranked = watch.finish(top) if watch is not None and (over or since_last) else None
         finally:
+            # Whatever happened above: an interval's history goes off, a confirmation's too.
+            try:
+                if watch is not None and mode == CONFIRM and watch.active:
+                    ranked, since = watch.confirm(top), "since the leak was suspected"
+                elif watch is not None and interval is not None:
+                    ranked, since = watch.interval_end(interval, top), None
+            except Exception:  # noqa: BLE001 - the census answers without the sites
+                log.debug("otel-gpu: no allocation sites", exc_info=True)
             _busy.release()
         rows = census.rank_growth(taken)
         span = taken[-1].time - taken[0].time
@@ -119,9 +132,10 @@ def census_handler(settings: MemorySettings, sites: Sites | None = None) -> Hand
         }
         if ranked is not None:
             reply["sites"] = ranked
-            reply["site_lines"] = cuda_memory.site_lines(ranked, span)[:top]
+            lines = cuda_memory.site_lines(ranked, None if since else span, since)
+            reply["site_lines"] = lines[:top]
         elif watch is not None and watch.active:
-            reply["sites_recording"] = True  # the history is on until the next census asks
+            reply["sites_recording"] = True  # on until the confirmation asks
         return reply
 
     return handle
