@@ -114,6 +114,23 @@ def test_steps_that_stop_advancing_are_a_stall_even_at_full_util():
     assert 2 * 3600 - 10 + 900 <= alerts[0].time <= 2 * 3600 + 1000
 
 
+def test_a_trainers_host_memory_with_steps_is_judged_by_its_steps_however_small():
+    # A host without GPUs: the steps ride on the trainer's RSS (40 MB of 64 GB), no util.
+    def trainer(with_steps: bool) -> list[Point]:
+        pts, step = [], 0.0
+        for t in range(0, 2 * 3600, 10):
+            if t < 3600:
+                step += 1
+            pts.append(Point(time=t, used_bytes=40e6, limit_bytes=64e9, phase="train",
+                             step=step if with_steps else None))  # fmt: skip
+        return pts
+
+    alerts = alerts_of(trainer(True))
+    assert [a.kind for a in alerts] == [STALL] and "step stuck" in alerts[0].message
+    assert 3590 + 200 <= alerts[0].time <= 3590 + 220  # max(60 s, 20 x 10 s) after the last step
+    assert alerts_of(trainer(False)) == []  # memory alone, small: nothing held, no stall
+
+
 def test_slow_steps_with_low_util_are_working():
     pts = []
     for i, t in enumerate(range(0, 3 * 3600, 20)):

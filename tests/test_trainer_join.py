@@ -144,6 +144,47 @@ def test_a_plain_python_job_joins_view_record_and_summary(tmp_path: Path) -> Non
     assert "Failed to export" not in proc.stderr and "Transient error" not in proc.stderr
 
 
+# Trains 12 steps, then its step stops in the train phase (a hang) for a few seconds.
+STUCK = """
+import os, time
+import otel_gpu
+with otel_gpu.phase("train"):
+    for i in range(1, 13):
+        time.sleep(0.1)
+        otel_gpu.step(i)
+    print("STUCK", os.getpid(), flush=True)
+    time.sleep(float(os.environ["STUCK_S"]))
+"""
+
+
+@pytest.mark.peers
+def test_on_a_host_without_gpus_the_steps_are_recorded_and_a_stuck_step_is_a_stall(
+    tmp_path: Path,
+) -> None:
+    # No GPU here and none simulated: the steps ride on the trainer's host-memory subject.
+    env = _env(
+        tmp_path, STUCK_S="8", OTEL_GPU_DETECT="true", OTEL_GPU_DETECT_STALL_STEP_FLOOR_S="2"
+    )
+    del env["OTEL_GPU_SIMULATE"]
+    (tmp_path / "stuck.py").write_text(STUCK)
+    record = tmp_path / "rec.csv"
+    proc = subprocess.run(
+        [*CLI, "run", "--quiet", "--exporter", "none", "--record", str(record), "--",
+         INSTRUMENT, sys.executable, "stuck.py"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pid = int(proc.stdout.split("STUCK ")[1].split()[0])
+    with record.open(newline="") as fh:
+        rows = list(csv.DictReader(line for line in fh if not line.startswith("#")))
+    assert not [r for r in rows if r["subject"].startswith("gpu:")]
+    steps = {r["subject"]: float(r["step"]) for r in rows if r["step"]}
+    assert set(steps) == {f"rss:{pid}"} and steps[f"rss:{pid}"] == 12.0
+    opened = [ln for ln in proc.stderr.splitlines() if "opened on 1 stall alert" in ln]
+    assert len(opened) == 1, proc.stderr[-3000:]  # one alert for the job
+    assert f"rss:{pid}" in opened[0] and "training step stuck at 12 for" in opened[0]
+
+
 @pytest.mark.peers
 def test_an_instrumented_trainer_exports_behind_the_wrappers_endpoint(tmp_path: Path) -> None:
     with OtlpSink() as sink:

@@ -155,6 +155,23 @@ def test_only_watched_processes_feed_host_memory_subjects() -> None:
 
 
 @pytest.mark.unit
+def test_without_a_gpu_the_steps_ride_on_the_main_trainers_host_memory() -> None:
+    procs = (
+        ProcessSample(pid=1, memory_rss=100, in_tree=True),  # the launcher
+        ProcessSample(pid=2, memory_rss=200, in_tree=True),  # the main trainer
+        ProcessSample(pid=3, memory_rss=300, in_tree=True),  # another rank
+    )
+    bare = Snapshot(time=10.0, processes=procs)
+    steps = {s: p.step for s, p, _a in snapshot_points(bare, "train", 42.0, 1000, step_pid=2)}
+    assert steps == {"rss:1": None, "rss:2": 42.0, "rss:3": None}  # once for the job
+    # With a GPU in the sweep the steps stay on the GPU's point, as before.
+    gpu = GpuSample(uuid="G", index=0, memory_used=5, processes_listed=True)
+    with_gpu = Snapshot(time=10.0, gpus=(gpu,), processes=procs)
+    steps = {s: p.step for s, p, _a in snapshot_points(with_gpu, "train", 42.0, 1000, step_pid=2)}
+    assert steps == {"gpu:G": 42.0, "rss:1": None, "rss:2": None, "rss:3": None}
+
+
+@pytest.mark.unit
 def test_unlisted_gpu_processes_are_unknown_not_zero() -> None:
     """NVML could not list processes (MIG, vGPU, a timeout): the count is unknown, not 0, so
     the detectors don't read it as "memory released" and drop their evidence."""

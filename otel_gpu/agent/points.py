@@ -61,8 +61,15 @@ def snapshot_points(
     phase: str | None = None,
     step: float | None = None,
     host_memory: int | None = None,
+    step_pid: int | None = None,
 ) -> Iterator[tuple[str, Point, dict[str, Any]]]:
-    """The detector inputs of one snapshot: (subject, point, attributes for the outputs)."""
+    """The detector inputs of one snapshot: (subject, point, attributes for the outputs).
+
+    The job's ``step`` rides on each GPU's point; in a sweep with no GPU point (a host without
+    GPUs, NVML failing) it rides on the host-memory point of ``step_pid`` (the main trainer)
+    instead, so the recording keeps its steps and a stuck step is still judged — once for the
+    job, not once per process."""
+    on_gpu = False
     per_gpu: dict[str, int] = {}
     for gp in snap.gpu_processes:
         per_gpu[gp.gpu_uuid] = per_gpu.get(gp.gpu_uuid, 0) + 1
@@ -74,6 +81,7 @@ def snapshot_points(
         # Unknown (not 0) when NVML could not list processes: 0 would read as "released".
         values["procs"] = per_gpu.get(g.uuid, 0) if g.processes_listed else None
         values["phase"], values["step"] = phase, step
+        on_gpu = True
         yield (
             local_name(GPU, g.uuid, None),
             point(snap.time, values),
@@ -98,6 +106,8 @@ def snapshot_points(
         if values["used_bytes"] is None:
             continue
         values["limit_bytes"], values["phase"] = host_memory, phase
+        if not on_gpu and p.pid == step_pid:
+            values["step"] = step
         yield (
             local_name(PROCESS_RSS, None, p.pid),
             point(snap.time, values),

@@ -273,6 +273,11 @@ class TrainerProgress:
             return None
         return min(known, key=lambda t: (t.rank if t.rank is not None else 1 << 30, t.pid))
 
+    def main_pid(self) -> int | None:
+        """The PID of the trainer that speaks for the job (None before one answered)."""
+        main = self._main()
+        return main.pid if main is not None else None
+
     def phase(self) -> str | None:
         """The job's phase now: its main trainer's."""
         main = self._main()
@@ -310,7 +315,7 @@ class TrainerProgress:
         """The detectors' phase and step source (what an in-process trainer gives them)."""
         from otel_gpu.agent.watchdog import InProcessTrainer
 
-        return InProcessTrainer(phase=self.phase, step=self.step)
+        return InProcessTrainer(phase=self.phase, step=self.step, pid=self.main_pid)
 
     def summary(self) -> dict[str, Any] | None:
         """The training part of the end-of-run summary; None when no trainer ever answered."""

@@ -102,6 +102,8 @@ class InProcessTrainer:
     numbers: (
         Callable[[int], tuple[int, list[tuple[int, int, float | None, float | None]]]] | None
     ) = None
+    # the process whose host memory carries the steps in a sweep without GPUs (this one)
+    pid: Callable[[], int | None] = os.getpid
 
 
 class Watchdog:
@@ -115,6 +117,7 @@ class Watchdog:
         dispatcher: Any = None,
         phase: Callable[[], str | None] = lambda: None,
         step: Callable[[], float | None] = lambda: None,
+        step_pid: Callable[[], int | None] = lambda: None,
         host_memory: int | None = None,
         start_ticks: Callable[[int], int | None] | None = None,
         proc_root: str = "/proc",
@@ -126,6 +129,7 @@ class Watchdog:
         self.dispatcher = dispatcher
         self._phase = phase
         self._step = step
+        self._step_pid = step_pid
         self._host_memory = host_memory
         self._lock = threading.Lock()  # guards the output tables read by OTel callbacks
         self._attrs: dict[str, dict[str, Any]] = {}
@@ -190,6 +194,7 @@ class Watchdog:
             Breaker(settings.breaker),
             phase=phase,
             step=trainer.step,
+            step_pid=trainer.pid,
             numbers=trainer.numbers,
             host_memory=psutil.virtual_memory().total,
             start_ticks=lambda pid: read_start_ticks(pid, proc_root),
@@ -227,7 +232,9 @@ class Watchdog:
         seen: set[str] = set()
         transitions: list[Transition] = []
         judged: list[tuple[str, Point]] = []
-        points = snapshot_points(snap, self._phase(), self._step(), self._host_memory)
+        points = snapshot_points(
+            snap, self._phase(), self._step(), self._host_memory, self._step_pid()
+        )
         for subject, point, attrs in itertools.chain(points, self._numbers_points(snap)):
             seen.add(subject)
             judged.append((subject, point))

@@ -199,11 +199,13 @@ class StallDetector:
             self.phase = phase
             self.phase_since = t
 
-        # Not holding the GPU: finished or not started; nothing can be stalled.
+        # Not holding the GPU: finished or not started; nothing can be stalled. A point that
+        # carries the job's step is judged by its steps whatever memory it holds (a trainer's
+        # host memory on a host without GPUs is small): only no process at all ends it.
         limit = p.limit_bytes or 0.0
         held_min = max(cfg.stall_min_held_bytes, 0.01 * limit)
         if (p.procs is not None and p.procs <= 0) or (
-            p.used_bytes is not None and p.used_bytes <= held_min
+            p.step is None and p.used_bytes is not None and p.used_bytes <= held_min
         ):
             self._end_idle(t)
             self.longest_recovered = 0.0

@@ -191,7 +191,8 @@ def activity_figure(run: Run) -> Figure:
 
 
 def training_series(run: Run) -> Series | None:
-    """The series that carries the trainers' steps (a GPU's: the join writes them there)."""
+    """The series that carries the trainers' steps (a GPU's; without GPUs, the main
+    trainer's host memory: the join writes them there)."""
     return next((s for s in run.series.values() if any(v is not None for v in s.step)), None)
 
 
