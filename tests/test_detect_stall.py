@@ -129,6 +129,14 @@ def test_a_trainers_host_memory_with_steps_is_judged_by_its_steps_however_small(
     assert [a.kind for a in alerts] == [STALL] and "step stuck" in alerts[0].message
     assert 3590 + 200 <= alerts[0].time <= 3590 + 220  # max(60 s, 20 x 10 s) after the last step
     assert alerts_of(trainer(False)) == []  # memory alone, small: nothing held, no stall
+    # Steps that move on to a GPU's subject (NVML came up): the host-memory subject, even a
+    # large one, forgets them instead of calling their absence a stall.
+    engine, moved = Engine(), []
+    for t in range(0, 2 * 3600, 10):
+        step = float(t // 10) if t < 600 else None
+        p = Point(time=t, used_bytes=30e9, limit_bytes=64e9, phase="train", step=step)
+        moved.extend(engine.observe("rss:7", p))
+    assert moved == []
 
 
 def test_slow_steps_with_low_util_are_working():

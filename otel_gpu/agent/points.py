@@ -65,11 +65,12 @@ def snapshot_points(
 ) -> Iterator[tuple[str, Point, dict[str, Any]]]:
     """The detector inputs of one snapshot: (subject, point, attributes for the outputs).
 
-    The job's ``step`` rides on each GPU's point; in a sweep with no GPU point (a host without
-    GPUs, NVML failing) it rides on the host-memory point of ``step_pid`` (the main trainer)
-    instead, so the recording keeps its steps and a stuck step is still judged — once for the
-    job, not once per process."""
-    on_gpu = False
+    The job's ``step`` rides on each GPU's point; in a sweep that lists no GPU at all (a host
+    without GPUs, NVML not loaded) it rides on the host-memory point of ``step_pid`` (the main
+    trainer) instead, so the recording keeps its steps and a stuck step is still judged — once
+    for the job, not once per process. (A GPU that NVML fails to read is still listed: the
+    steps wait for it rather than hop between subjects.)"""
+    on_gpu = bool(snap.gpus)
     per_gpu: dict[str, int] = {}
     for gp in snap.gpu_processes:
         per_gpu[gp.gpu_uuid] = per_gpu.get(gp.gpu_uuid, 0) + 1
@@ -81,7 +82,6 @@ def snapshot_points(
         # Unknown (not 0) when NVML could not list processes: 0 would read as "released".
         values["procs"] = per_gpu.get(g.uuid, 0) if g.processes_listed else None
         values["phase"], values["step"] = phase, step
-        on_gpu = True
         yield (
             local_name(GPU, g.uuid, None),
             point(snap.time, values),

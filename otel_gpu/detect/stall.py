@@ -163,6 +163,11 @@ class StallDetector:
         t = p.time
         if p.util is None and p.power_w is None and (p.loss is not None or p.grad_norm is not None):
             return NO_ALERTS  # the trainer's numbers (numerics.py): no activity evidence here
+        if p.step is None and p.util is None and p.power_w is None and self.last_step is not None:
+            # A host-memory subject that carried the job's steps while no GPU was seen, and
+            # carries them no more (a GPU appeared): its steps are judged elsewhere now. (A GPU
+            # subject always brings util or power, so a trainer gone quiet is still judged.)
+            self._forget_steps()
         if (
             p.util is None
             and p.power_w is None
@@ -210,11 +215,7 @@ class StallDetector:
             self._end_idle(t)
             self.longest_recovered = 0.0
             self.worked = False
-            self.last_step = None
-            self.step_interval = None
-            self.step_gaps.clear()
-            self.longest_freeze = 0.0
-            self.steps_alerted = False
+            self._forget_steps()
             return NO_ALERTS
 
         steps_moving = self._track_steps(t, p.step)
@@ -308,6 +309,13 @@ class StallDetector:
         if frac is not None:
             return IDLE if frac <= cfg.stall_spin_power_fraction else BUSY
         return None
+
+    def _forget_steps(self) -> None:
+        self.last_step = None
+        self.step_interval = None
+        self.step_gaps.clear()
+        self.longest_freeze = 0.0
+        self.steps_alerted = False
 
     def _track_steps(self, t: float, step: float | None) -> bool:
         """True when the step counter just advanced."""
