@@ -331,3 +331,13 @@ def test_the_oom_post_mortem_names_the_largest_holders(
     assert memory_ops.oom_holders(MemorySettings())() == []
     assert time.monotonic() - started < 5
     release.set()
+
+
+def test_a_failing_allocator_snapshot_leaves_the_census_answering() -> None:
+    alloc = Allocator()
+    alloc.fail_take = True
+    watch = cm.SiteWatch(alloc.on, alloc.off, alloc.take, max_on_s=600, timer=Timers())
+    handle = memory_ops.census_handler(MemorySettings(census_max_s=0.5), sites=lambda: watch)
+    reply = handle({"over_s": 0, "top": 1, "sites": "suspect"})
+    assert "holders" in reply and "error" not in reply and "sites" not in reply
+    assert not alloc.history and not watch.active  # switched off again, nothing kept
