@@ -160,7 +160,9 @@ def test_swift_sft_two_ranks_one_trace_and_agreed_stop(workdir, tmp_path):
             ),
         }
         proc = _run(workdir, sink, out, env, ddp_backend="gloo", save_steps=100, eval_steps=100)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        # On a failure: the first rank's own error (torchrun's summary alone names no cause).
+        first = "\n".join(ln for ln in proc.stderr.splitlines() if ln.startswith("[rank0]"))
+        assert proc.returncode == 0, first[-3000:] + "\n...\n" + proc.stderr[-3000:]
         spans, points, logs = sink.spans(), sink.points(), sink.logs()
     assert "STOPPER taken=True" in proc.stderr
 
