@@ -127,6 +127,7 @@ def test_a_trainers_host_memory_with_steps_is_judged_by_its_steps_however_small(
 
     alerts = alerts_of(trainer(True))
     assert [a.kind for a in alerts] == [STALL] and "step stuck" in alerts[0].message
+    assert alerts[0].message.endswith("while holding 38 MiB")  # not "0.0 GiB"
     assert 3590 + 200 <= alerts[0].time <= 3590 + 220  # max(60 s, 20 x 10 s) after the last step
     assert alerts_of(trainer(False)) == []  # memory alone, small: nothing held, no stall
     # Steps that move on to a GPU's subject (NVML came up): the host-memory subject, even a

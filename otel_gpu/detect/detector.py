@@ -61,9 +61,3 @@ class Detector(Protocol):
     def conditions(self, now: float) -> Sequence[Condition]:
         """The conditions active after the latest point; ``now`` is that point's time."""
         ...
-
-
-def gb(n: float) -> str:
-    """Bytes as GiB for alert sentences, as NVML, nvidia-smi and otel-gpu's own view count
-    memory (rates stay in MB/h)."""
-    return f"{n / 2**30:.1f} GiB"

@@ -44,8 +44,8 @@ import math
 from collections.abc import Sequence
 from typing import ClassVar
 
-from otel_gpu.core.units import duration
-from otel_gpu.detect.detector import NO_ALERTS, Condition, gb
+from otel_gpu.core.units import duration, memory
+from otel_gpu.detect.detector import NO_ALERTS, Condition
 from otel_gpu.detect.floor import (
     CAPACITIES,
     LEVEL_FACTOR,
@@ -407,7 +407,7 @@ def leak_alert(subject: str, p: Point, f: LeakFinding, rising_since: float | Non
         f"steadily over {duration(f.window_s)}"
     ]
     if p.limit_bytes:
-        parts.append(f"at {gb(f.floor)} of {gb(p.limit_bytes)}")
+        parts.append(f"at {memory(f.floor)} of {memory(p.limit_bytes)}")
     if f.eta_s is not None:
         parts.append(f"limit reached in ~{duration(f.eta_s)}")
     critical = f.urgent or (f.eta_s is not None and f.eta_s <= 3600)

@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from otel_gpu.core.units import duration
-from otel_gpu.detect.detector import NO_ALERTS, Condition, gb
+from otel_gpu.core.units import duration, memory
+from otel_gpu.detect.detector import NO_ALERTS, Condition
 from otel_gpu.detect.model import (
     PHASE_EVALUATE,
     PHASE_LOAD,
@@ -380,7 +380,7 @@ class StallDetector:
 
 def stall_alert(subject: str, p: Point, f: StallFinding) -> Alert:
     """The alert for a stall that became certain at point ``p``."""
-    held = f" while holding {gb(f.used_bytes)}" if f.used_bytes else ""
+    held = f" while holding {memory(f.used_bytes)}" if f.used_bytes else ""
     dur = duration(f.duration_s)
     if f.mode == SPIN:
         power = f" at {f.power_fraction:.0%} power" if f.power_fraction is not None else ""
