@@ -52,8 +52,12 @@ def server(private_dir: Path):  # type: ignore[no-untyped-def]
     def big(req):  # type: ignore[no-untyped-def]
         return {"blob": "x" * int(req["n"])}
 
+    def odd(_req):  # type: ignore[no-untyped-def]
+        return {"by_pair": {(1, 2): 3}}  # JSON has no tuple keys
+
     srv = ControlServer(
-        socket_path(str(private_dir), os.getpid()), {"echo": echo, "boom": boom, "big": big}
+        socket_path(str(private_dir), os.getpid()),
+        {"echo": echo, "boom": boom, "big": big, "odd": odd},
     )
     srv.calls = calls  # type: ignore[attr-defined]
     yield srv
@@ -69,11 +73,13 @@ def test_unknown_ops_and_broken_handlers_answer_one_line_and_the_server_goes_on(
     server: ControlServer,
 ) -> None:
     with pytest.raises(
-        ChannelError, match=r"^unknown op 'nope': this process serves big, boom, echo$"
+        ChannelError, match=r"^unknown op 'nope': this process serves big, boom, echo, odd$"
     ):
         request(server.path, "nope")
     with pytest.raises(ChannelError, match=r"^boom failed: RuntimeError: the handler broke$"):
         request(server.path, "boom")
+    with pytest.raises(ChannelError, match=r"^the reply could not be encoded: keys must be"):
+        request(server.path, "odd")  # an answer, not a connection closed without one
     assert request(server.path, "echo", value=1) == {"echo": 1}
 
 

@@ -183,7 +183,14 @@ class ControlServer:
 
     @staticmethod
     def _reply(conn: socket.socket, body: Mapping[str, Any]) -> None:
-        data = json.dumps(body, default=str).encode() + b"\n"
+        try:
+            data = json.dumps(body, default=str).encode() + b"\n"
+        except (TypeError, ValueError, RecursionError) as exc:
+            # a handler's result JSON cannot carry (a tuple key, a cycle): still one answer
+            data = (
+                json.dumps({"error": f"the reply could not be encoded: {exc}"[:500]}).encode()
+                + b"\n"
+            )
         if len(data) > MAX_REPLY:
             data = (
                 json.dumps({"error": f"reply of {len(data)} bytes is over the limit"}).encode()

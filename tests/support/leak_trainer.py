@@ -55,8 +55,13 @@ def running_trainer(mode: str, runtime_dir: Path, **env: str) -> Iterator[subpro
         assert line == "ready", proc.stderr.read() if proc.stderr else line
         yield proc
     finally:
+        died = proc.poll()  # before the block asked it to stop
         try:
-            proc.communicate("\n", timeout=60)
+            _out, err = proc.communicate("\n", timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.communicate()
+            _out, err = proc.communicate()
+        if died is not None or proc.returncode != 0:
+            # shown with a failing test: a trainer that died under it (a crash in a census?)
+            print(f"trainer exited {proc.returncode} (before the end: {died is not None})")
+            print((err or "")[-4000:])
