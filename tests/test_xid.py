@@ -49,6 +49,11 @@ def test_classes_follow_the_bucket_with_dcgm_fatal_codes_on_top() -> None:
     assert {xid.classify(c).cls for c in (13, 31, 43, 45)} == {xid.APPLICATION}
     assert {xid.classify(c).cls for c in (48, 74, 79, 94, 95, 119, 120, 140)} == {xid.RESET}
     assert xid.classify(9999).cls == xid.SEVERE and xid.classify(9999).opens_breaker
+    # the spreadsheet's word where a guess would differ: 109 resets, 121 (GB200 C2C) is
+    # ignored, 61 goes to support and 154 names its own recovery action (both severe)
+    assert xid.classify(109).cls == xid.RESET and xid.classify(121).cls == xid.APPLICATION
+    assert {xid.classify(c).cls for c in (61, 154)} == {xid.SEVERE}
+    assert "unknown" not in xid.sentence(61, "GPU 1")
     assert not xid.classify(13).opens_breaker
     assert "drain / reset the GPU" in xid.sentence(79, "GPU 1")
 

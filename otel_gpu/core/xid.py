@@ -1,10 +1,11 @@
 """What an Xid means: NVIDIA's Xid catalog as code -> resolution bucket -> our action. Pure.
 
 Source: NVIDIA's Xid catalog for Ampere and newer GPUs ("Analyzing Xid Errors with the Xid
-Catalog", https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, column
-"Resolution Bucket (Immediate Action)"), plus DCGM's list of fatal Xids (48, 74, 79, 94, 95,
-119, 120, 140) which wins where the two disagree (94: the catalog restarts the application,
-DCGM treats the GPU as failed). ``tests/data/xid_catalog_excerpt.csv`` pins the rows this table
+Catalog", https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, its
+Xid-Catalog.xlsx, column "Resolution Bucket (Immediate Action)"), plus DCGM's always-checked
+Xids (48, 74, 79, 94, 95, 119, 120, 140), reset class whatever the catalog says. They differ on
+94 only (a contained ECC error: the catalog restarts the application; DCGM 4.4-4.5 fail the GPU,
+4.6 warns and advises a deferred reset): it stays reset class, since the GPU needs that reset. ``tests/data/xid_catalog_excerpt.csv`` pins the rows this table
 is built from and ``tests/test_xid.py`` keeps the two equal.
 
 Our action follows from the bucket:
@@ -32,11 +33,14 @@ RESET = "reset"
 SEVERE = "severe"
 CLASSES = (APPLICATION, RESET, SEVERE)
 
-# Resolution bucket -> our class. Buckets not listed (CONTACT_SUPPORT, UPDATE_SW, ...) and codes
-# not in the table are SEVERE.
+# Resolution bucket -> our class. Buckets not listed (CONTACT_SUPPORT, UPDATE_SW, XID_154 --
+# "follow the recovery action the Xid reports" --, ...) and codes not in the table are SEVERE.
 BUCKET_CLASS = {
     "RESTART_APP": APPLICATION,
     "IGNORE": APPLICATION,
+    # 45, preemptive removal: the catalog says "Solo: RESTART_FM; Not Solo: IGNORE": a
+    # follow-on cleanup of another error (whose own Xid carries the action)
+    "WORKFLOW_XID_45": APPLICATION,
     "RESET_GPU": RESET,
     "RESTART_BM": RESET,
     "RESTART_VM": RESET,
@@ -51,8 +55,8 @@ DCGM_FATAL = frozenset({48, 74, 79, 94, 95, 119, 120, 140})
 ACTION = {
     APPLICATION: "the application's error: check the job (its process is annotated); no GPU action",
     RESET: "drain / reset the GPU",
-    SEVERE: "unknown Xid, treated as a GPU fault: drain / reset the GPU and check the code "
-    "in NVIDIA's Xid catalog",
+    SEVERE: "no known safe action, treated as a GPU fault: drain / reset the GPU and check the "
+    "code in NVIDIA's Xid catalog",
 }
 
 
@@ -78,28 +82,28 @@ class Xid:
 # (code, mnemonic, immediate-action bucket) from the catalog; see the module docstring.
 _ROWS: tuple[tuple[int, str, str], ...] = (
     (8, "ROBUST_CHANNEL_FIFO_ERROR_IDLE_TIMEOUT", "RESTART_APP"),
-    (13, "ROBUST_CHANNEL_GR_EXCEPTION", "RESTART_APP"),
+    (13, "ROBUST_CHANNEL_GR_EXCEPTION / ROBUST_CHANNEL_GR_ERROR_SW_NOTIFY", "RESTART_APP"),
     (31, "ROBUST_CHANNEL_FIFO_ERROR_MMU_ERR_FLT", "RESTART_APP"),
-    (43, "ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR", "RESTART_APP"),
-    (45, "ROBUST_CHANNEL_PREEMPTIVE_REMOVAL", "IGNORE"),
-    (48, "DBE (double bit ECC error)", "WORKFLOW_XID_48"),
-    (61, "PMU_BREAKPOINT", "RESET_GPU"),
+    (43, "ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR", "IGNORE"),
+    (45, "ROBUST_CHANNEL_PREEMPTIVE_REMOVAL", "WORKFLOW_XID_45"),
+    (48, "ROBUST_CHANNEL_GPU_ECC_DBE", "WORKFLOW_XID_48"),
+    (61, "PMU_BREAKPOINT", "CONTACT_SUPPORT"),
     (62, "PMU_HALT_ERROR", "RESET_GPU"),
-    (63, "INFOROM_DRAM_RETIREMENT_EVENT (row remapping pending)", "IGNORE"),
+    (63, "INFOROM_DRAM_RETIREMENT_EVENT", "IGNORE"),
     (64, "INFOROM_DRAM_RETIREMENT_FAILURE", "RESET_GPU"),
-    (68, "NVDEC0_EXCEPTION", "RESTART_APP"),
-    (69, "GR_CLASS_ERROR", "RESTART_APP"),
+    (68, "ROBUST_CHANNEL_NVDEC0_ERROR", "RESTART_APP"),
+    (69, "ROBUST_CHANNEL_GR_CLASS_ERROR", "RESTART_APP"),
     (74, "NVLINK_ERROR", "WORKFLOW_NVLINK_ERR"),
-    (79, "GPU_HAS_FALLEN_OFF_THE_BUS", "RESTART_BM"),
+    (79, "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", "RESTART_BM"),
     (92, "EXCESSIVE_SBE_INTERRUPTS", "IGNORE"),
     (94, "ROBUST_CHANNEL_CONTAINED_ERROR", "RESTART_APP"),
     (95, "ROBUST_CHANNEL_UNCONTAINED_ERROR", "RESET_GPU"),
-    (109, "ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR", "RESTART_APP"),
+    (109, "ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR", "RESET_GPU"),
     (119, "GSP_RPC_TIMEOUT", "RESET_GPU"),
     (120, "GSP_ERROR", "RESET_GPU"),
-    (121, "C2C_ERROR", "RESET_GPU"),
-    (140, "UNRECOVERED_ECC_ERROR", "RESET_GPU"),
-    (154, "GPU_RECOVERY_ACTION_CHANGED", "IGNORE"),
+    (121, "C2C_ERROR", "IGNORE"),
+    (140, "UNRECOVERABLE_ECC_ERROR_ESCAPE", "RESET_GPU"),
+    (154, "GPU_RECOVERY_ACTION_CHANGED", "XID_154"),
 )
 
 
