@@ -5,8 +5,10 @@ Catalog", https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, 
 Xid-Catalog.xlsx, column "Resolution Bucket (Immediate Action)"), plus DCGM's always-checked
 Xids (48, 74, 79, 94, 95, 119, 120, 140), reset class whatever the catalog says. They differ on
 94 only (a contained ECC error: the catalog restarts the application; DCGM 4.4-4.5 fail the GPU,
-4.6 warns and advises a deferred reset): it stays reset class, since the GPU needs that reset. ``tests/data/xid_catalog_excerpt.csv`` pins the rows this table
-is built from and ``tests/test_xid.py`` keeps the two equal.
+4.6 warns and advises a deferred reset): it stays reset class, since the GPU needs that reset.
+``tests/data/xid_catalog_excerpt.csv`` pins the rows this table is built from (checked row by
+row against the spreadsheet NVIDIA/NVSentinel pins by checksum) and ``tests/test_xid.py``
+keeps the two equal.
 
 Our action follows from the bucket:
 
