@@ -323,11 +323,14 @@ def oom_alert_line(pid: int, report: Mapping[str, Any], path: str) -> str:
         f"{h['path']} ({size(h['bytes'])} in {h['count']} tensors)"
         for h in report.get("holders", [])[:3]
     )
+    held = held or "none found"
+    if report.get("holders_note"):
+        held += f" ({report['holders_note']})"
     return redact_text(
         f"otel-gpu ALERT: oom (warning) on pid {pid}: CUDA out of memory on device "
         f"{report['device']} asking {size(report['requested_bytes'])} "
         f"({size(report['device_free_bytes'])} free), raised to the job (it may catch it); "
-        f"largest holders: {held or 'none found'}; largest live allocation sites: "
+        f"largest holders: {held}; largest live allocation sites: "
         f"{sites or 'none recorded'}; post-mortem {path}"
     )
 
@@ -336,7 +339,7 @@ def oom_observer(
     runtime_dir: str,
     take_snapshot: Callable[[], Mapping[str, Any] | None],
     pid: int,
-    holders: Callable[[], list[dict[str, Any]]] | None = None,
+    holders: Callable[[], dict[str, Any]] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> Callable[[int, int, int, int], None]:
     """The observer PyTorch calls before raising an OOM: writes ``oom-<pid>-<n>.json`` (our
@@ -364,7 +367,7 @@ def oom_observer(
             snap = take_snapshot() or {}
             report = oom_report(device, alloc, device_alloc, device_free, snap)
             try:
-                report["holders"] = holders() if holders is not None else []
+                report.update(holders() if holders is not None else {"holders": []})
             except Exception:  # noqa: BLE001 - the sites are written without them
                 report["holders"] = []
             stem = os.path.join(runtime_dir, f"oom-{pid}-{state['n']}")
@@ -391,7 +394,7 @@ def _write_viewer_file(path: str, snap: Mapping[str, Any]) -> None:
 
 
 def attach_oom_observer(
-    torch: Any, runtime_dir: str, holders: Callable[[], list[dict[str, Any]]] | None = None
+    torch: Any, runtime_dir: str, holders: Callable[[], dict[str, Any]] | None = None
 ) -> bool:
     """Attach :func:`oom_observer` where CUDA is in use; False on CPU builds or without CUDA."""
     try:
@@ -423,7 +426,7 @@ def site_watch(torch: Any, max_on_s: float) -> SiteWatch:
 
 
 def _attach_quietly(
-    torch: Any, runtime_dir: str, holders: Callable[[], list[dict[str, Any]]] | None
+    torch: Any, runtime_dir: str, holders: Callable[[], dict[str, Any]] | None
 ) -> None:
     """:func:`attach_oom_observer` from inside torch's CUDA initialisation, where an exception
     would fail the job's first CUDA call (``DeferredCudaCallError``): none leaves."""
@@ -433,7 +436,7 @@ def _attach_quietly(
         log.debug("otel-gpu: no OOM observer", exc_info=True)
 
 
-def watch_oom(runtime_dir: str, holders: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+def watch_oom(runtime_dir: str, holders: Callable[[], dict[str, Any]] | None = None) -> None:
     """Attach the OOM observer once ``torch`` is imported and CUDA initialised (now, when both
     already are); never raises, and does nothing on CPU builds."""
     import wrapt

@@ -143,16 +143,18 @@ def census_handler(settings: MemorySettings, sites: Sites | None = None) -> Hand
     return handle
 
 
-def oom_holders(settings: MemorySettings) -> Callable[[], list[dict[str, Any]]]:
+def oom_holders(settings: MemorySettings) -> Callable[[], dict[str, Any]]:
     """The largest tensor holders now, for the OOM post-mortem: one census on a thread of its
-    own (it sees the failing thread's frames), at most :data:`OOM_CENSUS_S`."""
+    own (it sees the failing thread's frames), at most :data:`OOM_CENSUS_S`. Returns the
+    report's ``holders`` and, when the census was cut short (a bound stopped its walk, or it
+    did not end in time), ``holders_note`` saying so: "none found" is then not the answer."""
     bounds = census.Bounds(
         max_objects=settings.census_max_objects,
         max_s=min(settings.census_max_s, OOM_CENSUS_S),
         max_depth=settings.census_max_depth,
     )
 
-    def holders() -> list[dict[str, Any]]:
+    def holders() -> dict[str, Any]:
         found: list[census.Census] = []
         walker = threading.Thread(
             target=lambda: found.append(census.take(bounds)), name="otel-gpu-oom-census",
@@ -161,15 +163,24 @@ def oom_holders(settings: MemorySettings) -> Callable[[], list[dict[str, Any]]]:
         walker.start()
         walker.join(OOM_CENSUS_S + 1.0)
         if not found:
-            return []
+            return {"holders": [], "holders_note": f"census did not end in {OOM_CENSUS_S:g} s"}
         top = sorted(
             (h for h in found[0].holders.values() if h.path != census.UNREACHED),
             key=lambda h: -h.bytes,
         )[:OOM_HOLDERS]
-        return [
-            {**census.summary_holder(h), "path": redact_text(h.path), "site": redact_text(h.site)}
-            for h in top
-        ]
+        out: dict[str, Any] = {
+            "holders": [
+                {
+                    **census.summary_holder(h),
+                    "path": redact_text(h.path),
+                    "site": redact_text(h.site),
+                }
+                for h in top
+            ]
+        }
+        if found[0].truncated:
+            out["holders_note"] = f"census cut short ({found[0].truncated})"
+        return out
 
     return holders
 
