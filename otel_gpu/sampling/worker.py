@@ -83,9 +83,26 @@ class HangMonitor:
         self._writer = writer
         threading.Thread(target=self._watch, name="otel-gpu-hang-monitor", daemon=True).start()
 
+    def _next_check_s(self, now: float) -> float:
+        """Seconds until a sweep or an NVML call could first be late. A sleep that long, not a
+        fixed tick: four wake-ups a second cost this helper a third of its CPU on a slow VM.
+        At least a twentieth of the limit (a sweep that began just before the check is looked
+        at again that soon), at most the limit: a hang is found within 1.05 x the limit."""
+        limit = self.hang_after_s
+        due = limit
+        since = self.busy_since
+        if since is not None:
+            due = since + limit - now
+        stuck = getattr(self.source, "stuck_seconds", None)
+        if stuck is not None:
+            held = stuck()
+            if held > 0:
+                due = min(due, limit - held)
+        return min(limit, max(limit / 20, due))
+
     def _watch(self) -> None:
         while True:
-            time.sleep(min(0.25, self.hang_after_s / 4))
+            time.sleep(self._next_check_s(time.monotonic()))
             since = self.busy_since
             if since is not None and time.monotonic() - since > self.hang_after_s:
                 pid = self.tree.reading_pid if self.tree is not None else None
