@@ -12,8 +12,8 @@ from collections.abc import Callable
 import pytest
 
 from otel_gpu.detect.engine import DetectConfig, Engine
-from otel_gpu.detect.floor import FloorLevel
-from otel_gpu.detect.growth import slowdown_z
+from otel_gpu.detect.floor import FloorLevel, freed_later
+from otel_gpu.detect.growth import confirm, slowdown_z
 from otel_gpu.detect.model import LEAK, Alert, Point
 
 pytestmark = pytest.mark.unit
@@ -114,3 +114,32 @@ def test_steadiness_tells_a_leak_from_a_cache_of_the_same_initial_rate() -> None
     # and a leak that only looks accelerating (a flat start in front) is not steady either
     late = _level([30e9 + rate * max(0, i - 12) for i in range(40)])
     assert slowdown_z(*late, cache_ratio, cfg, both=True) < 3
+
+
+def test_a_block_freed_later_is_no_step_of_the_floor() -> None:
+    stairs = [0.0, 0.0, 20.0, 20.0, 175.0, 175.0, 175.0, 40.0, 40.0, 60.0]
+    freed = [False] * 4 + [True] * 3 + [False] * 3
+    assert freed_later(stairs, 6.0, 8) == freed
+    assert not any(freed_later(stairs, 6.0, 2))  # held longer: the floor fell back
+    noisy = [0.0, 3.0, 1.0, 5.0, 2.0, 4.0]  # the floor's own noise is left alone
+    assert not any(freed_later(noisy, 6.0, 8))
+
+
+def test_a_growth_longer_than_the_finest_level_holds_is_judged_on_a_coarser_one() -> None:
+    # 70 min of growth: the finest level (64 one-minute values) no longer holds the floor
+    # before it; the next (four-minute values) holds both, with a baseline of its own buckets
+    cfg = DetectConfig()
+    rng = random.Random(3)
+    now, origin = 6 * 3600.0, 6 * 3600.0 - 70 * 60
+    levels = []
+    for width, size in ((60.0, 64), (240.0, 64)):
+        level = FloorLevel(width, size)
+        for k in range(size, 0, -1):
+            t = now - k * width
+            rise = max(0.0, t - origin) * 400e6 / 3600
+            level.env_t.append(t)
+            level.env_y.append(30e9 + rise + rng.uniform(0, 4 * MIB))
+        levels.append(level)
+    found = confirm(levels, origin, now, 80e9, cfg)
+    assert found is not None
+    assert found.rate == pytest.approx(400e6 / 3600, rel=0.1)

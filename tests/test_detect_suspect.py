@@ -111,6 +111,21 @@ def test_a_step_that_ended_ends_the_suspicion() -> None:
     assert ended is not None and ended - suspected <= 20, ended  # ... over once it stays flat
 
 
+def test_a_block_held_for_minutes_and_freed_leaves_the_suspicion_standing() -> None:
+    # a 20 MiB staircase (150 MB/h in NVML-sized chunks): a 155 MB block held for 5 minutes
+    # and freed does not end the suspicion of the floor under it, which still rises
+    c = Cusum(threshold(0.1, 60.0), 1 * MIB)
+    for i in range(60):
+        c.feed(i * 60.0, 50e9)
+    for i in range(60, 150):
+        floor = 50e9 + 20 * MIB * ((i - 60) // 8 + 1)
+        if 95 <= i < 100:
+            floor += 155e6
+        c.feed(i * 60.0, floor)
+        if i >= 75:
+            assert c.since is not None, i
+
+
 def test_a_reset_clears_the_suspicion() -> None:
     engine = Engine()
     subject = "process:1@GPU-0"

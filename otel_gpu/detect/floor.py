@@ -165,9 +165,15 @@ def shape_of(ys: list[float], cfg: DetectConfig) -> tuple[float, float]:
 
 
 def judge(
-    ts: list[float], ys: list[float], limit: float | None, cfg: DetectConfig
+    ts: list[float],
+    ys: list[float],
+    limit: float | None,
+    cfg: DetectConfig,
+    *,
+    kept: list[float] | None = None,
 ) -> tuple[LeakFinding | None, bool]:
-    """Judge one window of floor values: (finding or None, saturating?)."""
+    """Judge one window of floor values: (finding or None, saturating?). ``kept``: the values
+    whose rises count as steps, if not ``ys`` (``growth.kept``: blocks freed later left out)."""
     n = len(ys)
     q = n // 4
     m = [median(ys[j * q : (j + 1) * q]) for j in range(4)]
@@ -222,14 +228,7 @@ def judge(
     if second < cfg.leak_steady_ratio * first:
         return None, False
     # ... and from many steps, not a few jumps (participation ratio of the rises).
-    total = 0.0
-    squares = 0.0
-    for i in range(n - 1):
-        step = ys[i + 1] - ys[i]
-        if step > 0:
-            total += step
-            squares += step * step
-    if squares <= 0 or total * total / squares < cfg.leak_min_steps:
+    if steps_in(ys if kept is None else kept) < cfg.leak_min_steps:
         return None, False
 
     floor = centre + rate * window
@@ -238,6 +237,46 @@ def judge(
         eta = max(0.0, (limit - floor) / rate)
     confidence = min(0.999, 1.0 - 0.5 ** (z / cfg.leak_min_z))
     return LeakFinding(rate, window, z, floor, eta, False, confidence), False
+
+
+def steps_in(ys: list[float]) -> float:
+    """The effective number of steps the rises of ``ys`` come from: their participation ratio
+    (sum of the rises squared over the sum of their squares); 0 without a rise."""
+    total = 0.0
+    squares = 0.0
+    for a, b in zip(ys, ys[1:], strict=False):
+        step = b - a
+        if step > 0:
+            total += step
+            squares += step * step
+    return total * total / squares if squares > 0 else 0.0
+
+
+def freed_later(ys: list[float], margin: float, longest: int) -> list[bool]:
+    """Which values belong to a block held for at most ``longest`` values in a row and freed
+    since: each stands more than ``margin`` above a later value. Such a transient is not growth
+    of the floor, and what the floor under it did while it was held is unknown, so callers
+    leave these values out. A longer run is the floor itself falling back (a sawtooth's tooth,
+    a cache emptied): that is kept. The floor's own noise stays below a margin of a few noise
+    units, and a floor that only rises has none."""
+    n = len(ys)
+    out = [False] * n
+    low = math.inf
+    for i in range(n - 1, -1, -1):
+        out[i] = ys[i] - low > margin
+        low = min(low, ys[i])
+    i = 0
+    while i < n:
+        if not out[i]:
+            i += 1
+            continue
+        j = i
+        while j < n and out[j]:
+            j += 1
+        if j - i > longest:
+            out[i:j] = [False] * (j - i)
+        i = j
+    return out
 
 
 # -- the floor as a display reads it (live view, summary, report) ----------------------------

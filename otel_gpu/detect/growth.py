@@ -5,7 +5,9 @@ point. The fixed windows of ``leak.py`` straddle that point, so they need an hou
 and a look-back twice as long before they may alert, and a cache that starts filling after a
 flat stretch shows them no deceleration (their first quarters are flat). Here the growth,
 from where it began to now, is judged directly, on one level's envelope (the finest holding
-it and the baseline before it; a coarser level's minima sit lower on a noisy floor):
+it and the baseline before it, at least ``BASELINE_VALUES`` of that level's buckets long; a
+coarser level's minima sit lower on a noisy floor). A noisy growth that outlasts the hour the
+finest level holds is so judged on the next, instead of only by the fixed windows:
 
 * **confirm** (the fast path), once the growth is ``leak_suspect_window_s`` long:
   - where it began: the floor stays ``RUN`` values above its baseline (the half window before
@@ -13,12 +15,14 @@ it and the baseline before it; a coarser level's minima sit lower on a noisy flo
     baseline's level at the start (neither the first value above it, which noise picks, nor
     a change point dated early, whose flat stretch would hide how a cache slows down);
   - the ordinary trend tests (``floor.judge``: significance, spread, steadiness, many steps,
-    minimum rate and rise, with ``leak_suspect_min_z`` and ``leak_suspect_min_steps``);
+    minimum rate and rise, with ``leak_suspect_min_z`` and ``leak_suspect_min_steps``), the
+    steps counted without the blocks held for a few values and freed since (``kept``);
   - steadier than a cache: a cache filling toward its cap with time constant ``tau`` climbs
     exp(-D / 2 tau) as fast in the second half of D as in the first, a leak as fast. Each
     half's Theil-Sen slope (allocator steps taken out) must exceed that fraction of the
     other's by ``SLOWDOWN_Z`` standard errors (robust noise about each half's own line, one
-    value in ``INDEPENDENT`` independent), with ``tau = leak_cache_tau_s``. Clean growth
+    value in ``INDEPENDENT`` independent, blocks freed since left out), with
+    ``tau = leak_cache_tau_s``. Clean growth
     passes after ``leak_suspect_window_s``; noisy growth when D has grown enough;
   - a flat floor before it: no release just before (a sawtooth's next tooth), every quarter
     of the baseline at or below the growth's start, and rising at most ``BASELINE_SLOPE`` as
@@ -33,7 +37,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from otel_gpu.detect.floor import FloorLevel, LeakFinding, judge, median, shape_of, theil_sen
+from otel_gpu.detect.floor import (
+    FloorLevel,
+    LeakFinding,
+    freed_later,
+    judge,
+    median,
+    shape_of,
+    theil_sen,
+)
 from otel_gpu.detect.settings import DetectConfig
 
 MIN_VALUES = 16  # envelope values a growth segment is judged on
@@ -43,6 +55,8 @@ INDEPENDENT = 3.0  # envelope values per independent one, for the steadiness tes
 STEP_SHARE = 0.2  # a jump carrying this share of a segment's rise is a step, not growth
 RUN = 4  # envelope values in a row above the baseline where the rise starts
 BASELINE_SLOPE = 0.25  # the floor before the growth rose at most this fraction as fast
+FREED = 6.0  # noise units a value stands above a later one to be a block freed since
+FREED_RUN = 8  # ... held for at most this many values in a row (longer: the floor fell back)
 Values = tuple[list[float], list[float]]
 
 
@@ -118,6 +132,17 @@ def _without_steps(ys: list[float], cfg: DetectConfig) -> list[float]:
     return out
 
 
+def kept(ts: list[float], ys: list[float], cfg: DetectConfig) -> Values:
+    """The values less the blocks freed later (``floor.freed_later``, FREED noise units): a
+    block held for a few minutes and freed (a transient) would otherwise count as one large
+    step carrying most of a slow staircase's rise (too few steps), and its rise and fall as
+    two allocator steps hiding the growth in between (no steadiness)."""
+    _drawdown, noise = shape_of(ys, cfg)
+    freed = freed_later(ys, FREED * noise, FREED_RUN)
+    keep = [i for i, f in enumerate(freed) if not f]
+    return [ts[i] for i in keep], [ys[i] for i in keep]
+
+
 def confirm(
     levels: Sequence[FloorLevel],
     origin: float,
@@ -131,8 +156,12 @@ def confirm(
     window = cfg.leak_suspect_window_s
     if now - origin < window:
         return None
-    base_start = origin - 0.5 * min(now - origin, window)
+    half = 0.5 * min(now - origin, window)
     for level in levels:
+        # At least BASELINE_VALUES of this level's buckets before the change point: a growth
+        # longer than the finest level holds is judged on a coarser one, whose buckets would
+        # otherwise be too few to show the floor before it.
+        base_start = origin - max(half, (BASELINE_VALUES + 1) * level.width)
         ts, ys = _after(level, base_start)
         cut = next((i for i, t in enumerate(ts) if t >= origin), len(ts))
         if cut < BASELINE_VALUES or ts[cut - 1] - ts[0] < 0.5 * (origin - base_start):
@@ -157,11 +186,14 @@ def _judged(
     limit: float | None,
     cfg: DetectConfig,
 ) -> LeakFinding | None:
-    found, _ = judge(ts, ys, limit, cfg)
+    held_t, held_y = kept(ts, ys, cfg)
+    if len(held_y) < MIN_VALUES:
+        return None
+    found, _ = judge(ts, ys, limit, cfg, kept=held_y)
     if found is None:
         return None
     cache = math.exp(-grown / (2 * cfg.leak_cache_tau_s))
-    if slowdown_z(ts, _without_steps(ys, cfg), cache, cfg, both=True) < SLOWDOWN_Z:
+    if slowdown_z(held_t, _without_steps(held_y, cfg), cache, cfg, both=True) < SLOWDOWN_Z:
         return None
     if not _flat_before(base, found, width, cfg):
         return None

@@ -20,8 +20,12 @@ Gaussian and uniform noise, tests/test_detect_suspect.py).
 The change point (``origin``) is the last bucket before the current run of positive evidence
 (Page's estimate of where the rise began). The suspicion ends when the sum falls back to 0,
 when the floor stops rising (the latest ``RECENT``/4 floors, all after the origin, no higher
-than the ``RECENT``/4 before them: a step that ended, an evaluation spike gone, a cache at its
-cap), or when the evidence resets.
+than the ``RECENT``/2 before them: a step that ended, an evaluation spike gone, a cache at its
+cap), or when the evidence resets. A block held for at most ``RECENT``/4 buckets and freed
+since (``floor.freed_later``) is left out of that comparison: counted, its fall would end the
+suspicion of a floor that still rises under it (a 20 MiB staircase with a 155 MB block held
+for 5 minutes did). The ``RECENT``/2 before span at least one stair of a staircase whose
+stairs are about ``RECENT``/4 buckets long, which the ``RECENT``/4 right before may not.
 
 A suspicion notifies nobody and moves no breaker. It is what starts attribution (the agent
 asks the subject's process for a census), it is visible (self-metric, live view, recording),
@@ -33,10 +37,13 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from otel_gpu.detect.floor import freed_later
+
 SUSPECT_K = 0.5  # allowance per bucket, in noise units: the classic half of a 1-sigma shift
 CLIP = 10.0  # a bucket counts at most this many noise units
 RECENT = 32  # floors kept for the reference level and the noise scale
 MIN_HISTORY = 8  # floors seen before the sum starts
+FREED = 6.0  # noise units a floor stands above a later one to be a block freed since
 REBASE_EVERY = 4  # while nothing rises, the reference is re-taken every this many buckets
 # The allowance the threshold is computed with: SUSPECT_K less 1.5 standard errors of a median
 # of RECENT values (1.2533 / sqrt n noise units).
@@ -116,14 +123,23 @@ class Cusum:
             self.sigma = max(self.noise_floor, 1.4826 * mad / math.sqrt(2.0))
 
     def _stopped(self) -> bool:
-        """The floor no longer rises: the latest RECENT/4 floors, all after the origin, are no
-        higher than the RECENT/4 before them (a step that ended, an evaluation spike gone, a
-        cache at its cap)."""
+        """The floor no longer rises: the median of the latest RECENT/4 floors, all after the
+        origin, is no higher than that of the RECENT/2 before them (a step that ended, an
+        evaluation spike gone, a cache at its cap). A block held for at most RECENT/4 buckets
+        and freed since is left out of both (``floor.freed_later``, FREED noise units): the
+        floor under it may still rise, and so may the floor while it is held."""
         part = RECENT // 4
-        if self.run < part or len(self.recent) < 2 * part:
+        if self.run < part or len(self.recent) < 3 * part:
             return False
         values = list(self.recent)
-        return median(values[-part:]) <= median(values[-2 * part : -part])
+        freed = freed_later(values, FREED * self.sigma, part)
+        latest = [v for v, f in zip(values[-part:], freed[-part:], strict=True) if not f]
+        before = [
+            v
+            for v, f in zip(values[-3 * part : -part], freed[-3 * part : -part], strict=True)
+            if not f
+        ]
+        return bool(latest and before) and median(latest) <= median(before)
 
     def feed(self, t: float, floor: float) -> bool:
         """Add one closed bucket's floor at data time ``t``; True when a suspicion starts."""
