@@ -18,7 +18,7 @@ pytestmark = pytest.mark.unit
 
 HOLDER = {
     "path": "train.model.encoder._cache", "root": "global", "site": "train.py", "count": 900,
-    "bytes": 9 << 20, "graph_bytes": 0, "grad_fn": 0, "growth_count": 600,
+    "bytes": 9 << 20, "grad_fn": 0, "growth_count": 600,
     "growth_bytes": 6 << 20, "growing": True, "devices": {"cpu": 9 << 20},
     "dtypes": {"float32": 900},
 }  # fmt: skip

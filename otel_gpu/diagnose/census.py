@@ -12,15 +12,22 @@ Roots, in the order they are walked (the first, shortest path to a tensor names 
 From a root the walk follows containers (``[*]``: an index or key, any), attributes
 (``.name``; an ``nn.Module``'s sub-modules, parameters and buffers read as attributes:
 ``model.encoder._cache``), closure cells (``make_hook.<locals>.outs``), bound methods' owners,
-``functools.partial`` arguments and a tensor's ``.grad``. It never calls user code (no
+and ``functools.partial`` arguments. It never calls user code (no
 properties, no ``__getattr__``), never reads a tensor's values, and is bounded in objects,
 depth and time (:class:`Bounds`); where a bound stops it, the census says so.
 
 A tensor's bytes are its storage's, counted once (views of one storage share it, the first
-holder found owns it); a tensor with an autograd graph (``grad_fn``) adds the bytes of the
-tensors its graph still saves (``graph_bytes``), walked from ``grad_fn`` within
-:attr:`Bounds.max_graph_nodes`. Tensors the walk did not reach (held by C++ only, or beyond
-the bounds) are one "unreached" row, from ``gc``'s list of live objects.
+holder found owns it); a tensor with an autograd graph (``grad_fn``) is counted in ``grad_fn``.
+Tensors the walk did not reach (held by C++ only, or beyond the bounds) are one "unreached"
+row, from ``gc``'s list of live objects.
+
+Two things the walk does not read, because the job's threads change them with the GIL
+released (inside torch ops) while the census runs: a parameter's ``.grad`` (backward's
+gradient accumulation assigns it) and the tensors an autograd graph saves (backward frees them
+as it goes). Reading either during a backward crashed the process with SIGSEGV in a few
+seconds of censuses beside a CPU training loop (tests/test_memory_census.py keeps that loop);
+the job is worth more than the bytes of the graphs a leak keeps alive, which the holder's
+``grad_fn`` count and the diagnosis line ("autograd graphs alive") still name.
 
 :func:`take` runs on the caller's thread: the channel's request thread in the trainer, never the
 job's. Its walk is Python bytecode, so the interpreter switches to the job's threads every
@@ -30,7 +37,6 @@ switch interval (5 ms by default): the job runs on, sharing the GIL. :func:`rank
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import os
@@ -59,7 +65,6 @@ class Bounds:
     max_objects: int = 1_000_000
     max_s: float = 5.0
     max_depth: int = 16
-    max_graph_nodes: int = 50_000
 
 
 @dataclass
@@ -70,8 +75,7 @@ class Holder:
     root: str  # "global" | "local"
     site: str  # where the root is: a file, or "train() at train.py:41"
     count: int = 0
-    bytes: int = 0  # storage bytes, graph-saved bytes included
-    graph_bytes: int = 0  # of which saved by autograd graphs
+    bytes: int = 0  # storage bytes
     grad_fn: int = 0  # tensors with a live autograd graph
     devices: dict[str, int] = field(default_factory=dict)  # device -> bytes
     dtypes: dict[str, int] = field(default_factory=dict)  # dtype -> tensors
@@ -203,10 +207,7 @@ def _slots(cls: type) -> Iterator[str]:
 def _children(obj: Any, tensor_type: type | None) -> Iterator[tuple[str, Any]]:
     """``(segment, child)`` for what ``obj`` holds, without running user code."""
     if tensor_type is not None and issubclass(type(obj), tensor_type):
-        grad = obj.grad if obj.is_leaf else None  # a non-leaf's .grad warns and is None
-        if grad is not None:
-            yield ".grad", grad
-        return
+        return  # not its .grad: see the module docstring
     if isinstance(obj, dict):
         for value in list(obj.values()):
             yield "[*]", value
@@ -286,25 +287,6 @@ def _storage(t: Any) -> tuple[Any, int]:
             return ("obj", id(t)), 0
 
 
-_saved_attrs: dict[type, tuple[str, ...]] = {}
-
-
-def _saved_tensors(node: Any, tensor_type: type) -> Iterator[Any]:
-    names = _saved_attrs.get(type(node))
-    if names is None:
-        names = tuple(a for a in dir(node) if a.startswith("_saved_"))
-        _saved_attrs[type(node)] = names
-    for name in names:
-        try:
-            value = getattr(node, name)
-        except Exception:  # freed by backward(), or not a tensor
-            continue
-        if isinstance(value, tensor_type):
-            yield value
-        elif isinstance(value, (list, tuple)):
-            yield from (v for v in value if isinstance(v, tensor_type))
-
-
 class _Walk:
     def __init__(self, bounds: Bounds, clock: Callable[[], float]) -> None:
         self.bounds = bounds
@@ -312,31 +294,10 @@ class _Walk:
         self.torch = sys.modules.get("torch")
         self.tensor_type: type | None = getattr(self.torch, "Tensor", None)
         self.seen_storage: set[Any] = set()
-        self.seen_nodes: set[int] = set()
         self.reached: set[int] = set()
         self.holders: dict[str, Holder] = {}
         self.visited = 0
-        self.graph_nodes = 0
         self.truncated: str | None = None
-
-    def _graph_bytes(self, grad_fn: Any) -> int:
-        assert self.tensor_type is not None
-        total = 0
-        stack = [grad_fn]
-        while stack and self.graph_nodes < self.bounds.max_graph_nodes:
-            node = stack.pop()
-            if node is None or id(node) in self.seen_nodes:
-                continue
-            self.seen_nodes.add(id(node))
-            self.graph_nodes += 1
-            for saved in _saved_tensors(node, self.tensor_type):
-                key, size = _storage(saved)
-                if key not in self.seen_storage:
-                    self.seen_storage.add(key)
-                    total += size
-            with contextlib.suppress(Exception):
-                stack.extend(n for n, _ in node.next_functions)
-        return total
 
     def _count(self, t: Any, segments: list[str], root: Root) -> None:
         path = holder_path(segments)
@@ -346,16 +307,12 @@ class _Walk:
         key, size = _storage(t)
         own = 0 if key in self.seen_storage else size
         self.seen_storage.add(key)
-        graph = 0
-        grad_fn = getattr(t, "grad_fn", None)
-        if grad_fn is not None:
+        if getattr(t, "grad_fn", None) is not None:
             h.grad_fn += 1
-            graph = self._graph_bytes(grad_fn)
         h.count += 1
-        h.bytes += own + graph
-        h.graph_bytes += graph
+        h.bytes += own
         device = str(t.device)
-        h.devices[device] = h.devices.get(device, 0) + own + graph
+        h.devices[device] = h.devices.get(device, 0) + own
         dtype = str(t.dtype).removeprefix("torch.")
         h.dtypes[dtype] = h.dtypes.get(dtype, 0) + 1
 
@@ -501,7 +458,6 @@ def rank_growth(
                 "site": now.site,
                 "count": counts[-1],
                 "bytes": sizes[-1],
-                "graph_bytes": (seq[-1].graph_bytes if seq[-1] else 0),
                 "grad_fn": (seq[-1].grad_fn if seq[-1] else 0),
                 "growth_count": growth_count,
                 "growth_bytes": growth_bytes,
@@ -522,7 +478,6 @@ def summary_holder(h: Holder) -> dict[str, Any]:
         "site": h.site,
         "count": h.count,
         "bytes": h.bytes,
-        "graph_bytes": h.graph_bytes,
         "grad_fn": h.grad_fn,
         "devices": dict(h.devices),
         "dtypes": dict(h.dtypes),

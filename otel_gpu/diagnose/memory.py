@@ -62,7 +62,6 @@ def holders_json(rows: Sequence[Mapping[str, Any]], limit: int = 20) -> list[dic
                 "site": redact_text(str(r.get("site") or "")) or None,
                 "count": r["count"],
                 "bytes": r["bytes"],
-                "graph_bytes": r.get("graph_bytes", 0),
                 "grad_fn": r.get("grad_fn", 0),
                 "growth_count": r["growth_count"],
                 "growth_bytes": r["growth_bytes"],
