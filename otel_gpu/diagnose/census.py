@@ -25,9 +25,9 @@ Two things the walk does not read, because the job's threads change them with th
 released (inside torch ops) while the census runs: a parameter's ``.grad`` (backward's
 gradient accumulation assigns it) and the tensors an autograd graph saves (backward frees them
 as it goes). Reading either during a backward crashed the process with SIGSEGV in a few
-seconds of censuses beside a CPU training loop (tests/test_memory_census.py keeps that loop);
-the job is worth more than the bytes of the graphs a leak keeps alive, which the holder's
-``grad_fn`` count and the diagnosis line ("autograd graphs alive") still name.
+seconds of censuses beside a CPU training loop (tests/test_census_beside_backward.py keeps
+that loop); the job is worth more than the bytes of the graphs a leak keeps alive, which the
+holder's ``grad_fn`` count and the diagnosis line ("autograd graphs alive") still name.
 
 :func:`take` runs on the caller's thread: the channel's request thread in the trainer, never the
 job's. Its walk is Python bytecode, so the interpreter switches to the job's threads every
